@@ -1,0 +1,154 @@
+//! API clients. As in kube-controller-manager, every controller gets its own client with its own
+//! QPS/burst bucket and a user agent naming it, so one busy controller cannot starve another and
+//! the API server's audit log attributes each request.
+//!
+//! Controller clients also carry the leader's *write fence*: a mutating request is refused locally
+//! once this replica can no longer be sure it holds the Lease, so a partitioned leader stops
+//! acting before any standby may take over.
+
+use crate::metrics::{Metrics, RequestLabels, RestClientMetrics};
+use crate::ratelimit::TokenBucket;
+use futures::future::BoxFuture;
+use http::{HeaderValue, Method, Request, Response};
+use kube::client::{Body, ClientBuilder};
+use kube::{Client, Config};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant as StdInstant;
+use tower::{Layer, Service};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Decides whether this replica may write. Implemented by the leader elector.
+pub trait WriteFence: Send + Sync + std::fmt::Debug {
+    fn may_write(&self) -> bool;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("refused {method} {path}: this replica is not (or no longer surely) the leader")]
+pub struct NotLeading {
+    pub method: Method,
+    pub path: String,
+}
+
+/// What a client is for: the name in its user agent and metrics, and its limits.
+#[derive(Clone, Debug)]
+pub struct ClientSpec {
+    pub controller: String,
+    pub qps: f32,
+    pub burst: u32,
+    pub fence: Option<Arc<dyn WriteFence>>,
+}
+
+pub fn user_agent(controller: &str) -> String {
+    format!(
+        "pilothouse/v{} ({}/{}) pilothouse/{}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+        controller
+    )
+}
+
+/// Builds a client for `spec` from a base configuration.
+pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Client, kube::Error> {
+    let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
+    let layer = ControllerLayer {
+        shared: Arc::new(Shared {
+            bucket: TokenBucket::new(f64::from(spec.qps), spec.burst),
+            user_agent: HeaderValue::from_str(&user_agent(&spec.controller))
+                .unwrap_or_else(|_| HeaderValue::from_static("pilothouse")),
+            controller: spec.controller,
+            host,
+            metrics: metrics.rest_client(),
+            fence: spec.fence,
+        }),
+    };
+    Ok(ClientBuilder::try_from(config.clone())?.with_layer(&layer).build())
+}
+
+struct Shared {
+    bucket: TokenBucket,
+    user_agent: HeaderValue,
+    controller: String,
+    host: String,
+    metrics: Arc<RestClientMetrics>,
+    fence: Option<Arc<dyn WriteFence>>,
+}
+
+#[derive(Clone)]
+pub struct ControllerLayer {
+    shared: Arc<Shared>,
+}
+
+impl<S> Layer<S> for ControllerLayer {
+    type Service = ControllerService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        ControllerService { inner, shared: Arc::clone(&self.shared) }
+    }
+}
+
+pub struct ControllerService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+fn is_write(m: &Method) -> bool {
+    !matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+impl<S, B> Service<Request<Body>> for ControllerService<S>
+where
+    S: Service<Request<Body>, Response = Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<B>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        let shared = Arc::clone(&self.shared);
+        let method = req.method().clone();
+        if is_write(&method) && shared.fence.as_ref().is_some_and(|f| !f.may_write()) {
+            let path = req.uri().path().to_string();
+            return Box::pin(async move { Err(Box::new(NotLeading { method, path }) as BoxError) });
+        }
+        req.headers_mut().insert(http::header::USER_AGENT, shared.user_agent.clone());
+        let delay = shared.bucket.reserve();
+        // Futures are lazy: nothing is sent before the throttle delay has passed.
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            if !delay.is_zero() {
+                let t = StdInstant::now();
+                tokio::time::sleep(delay).await;
+                shared
+                    .metrics
+                    .rate_limiter_wait
+                    .get_or_create(&crate::metrics::NameLabel { name: shared.controller.clone() })
+                    .observe(t.elapsed().as_secs_f64());
+            }
+            let res = fut.await.map_err(Into::into);
+            let code = match &res {
+                Ok(r) => r.status().as_u16().to_string(),
+                Err(_) => "<error>".to_string(),
+            };
+            shared
+                .metrics
+                .requests
+                .get_or_create(&RequestLabels {
+                    code,
+                    method: method.to_string(),
+                    host: shared.host.clone(),
+                    controller: shared.controller.clone(),
+                })
+                .inc();
+            res
+        })
+    }
+}

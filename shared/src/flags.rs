@@ -1,0 +1,343 @@
+//! kube-controller-manager-compatible options: the same names and defaults wherever upstream has a
+//! counterpart, Go-style durations (`15s`, `1m30s`), `--flag=false` for booleans, and a record of
+//! which options were set explicitly so that no config default overrides a flag.
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, ValueEnum};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FlagError {
+    #[error("invalid duration {0:?}: want a Go duration such as 300ms, 15s, 1m30s or 2h")]
+    Duration(String),
+    #[error("{name:?} is not in the list of known controllers; valid names: {valid}")]
+    UnknownController { name: String, valid: String },
+    #[error("{name:?} is planned but not built yet in this Pilothouse; built controllers: {built}")]
+    PlannedController { name: String, built: String },
+    #[error("--leader-elect-resource-lock={0:?} is not supported: Pilothouse only uses \"leases\"")]
+    ResourceLock(String),
+}
+
+/// Parses a Go `time.ParseDuration` string (sign, decimal numbers with units ns us µs ms s m h).
+pub fn parse_go_duration(s: &str) -> Result<Duration, FlagError> {
+    let err = || FlagError::Duration(s.to_string());
+    let mut rest = s.trim();
+    if let Some(r) = rest.strip_prefix('+') {
+        rest = r;
+    }
+    if rest.starts_with('-') {
+        // Negative durations make no sense for any of our options.
+        return Err(err());
+    }
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(err());
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
+        if num_len == 0 {
+            return Err(err());
+        }
+        let value: f64 = rest[..num_len].parse().map_err(|_| err())?;
+        rest = &rest[num_len..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(err()),
+        };
+        rest = &rest[unit_len..];
+        total += value * scale;
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| err())
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_go_duration(s).map_err(|e| e.to_string())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LoggingFormat {
+    Text,
+    Json,
+}
+
+/// The manager's own options (controllers add theirs beside these).
+#[derive(Clone, Debug, Args)]
+pub struct ManagerOptions {
+    /// Path to a kubeconfig file. Empty: in-cluster configuration, then the default kubeconfig.
+    #[arg(long, default_value = "")]
+    pub kubeconfig: String,
+
+    /// The address of the Kubernetes API server (overrides any value in kubeconfig).
+    #[arg(long, default_value = "")]
+    pub master: String,
+
+    /// A list of controllers to enable. '*' enables all on-by-default controllers, 'foo' enables
+    /// the controller named 'foo', '-foo' disables the controller named 'foo'. The first explicit
+    /// mention of a controller wins. kube-controller-manager's aliases (e.g. 'job') are accepted.
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    pub controllers: Vec<String>,
+
+    /// Start a leader election client and gain leadership before running controllers.
+    #[arg(long, default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// How long a standby waits after observing the last renewal before it may take the lease.
+    #[arg(long, default_value = "15s", value_parser = duration_arg)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader keeps retrying a renewal before it stops leading (and exits).
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How long clients wait between attempts to acquire and renew leadership.
+    #[arg(long, default_value = "2s", value_parser = duration_arg)]
+    pub leader_elect_retry_period: Duration,
+
+    /// The resource lock type; only 'leases' is supported.
+    #[arg(long, default_value = "leases")]
+    pub leader_elect_resource_lock: String,
+
+    /// The name of the Lease object used for leader election.
+    #[arg(long, default_value = "pilothouse")]
+    pub leader_elect_resource_name: String,
+
+    /// The namespace of the Lease object used for leader election.
+    #[arg(long, default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+
+    /// QPS of each controller's own client to the API server.
+    #[arg(long, default_value_t = 20.0)]
+    pub kube_api_qps: f32,
+
+    /// Burst of each controller's own client to the API server.
+    #[arg(long, default_value_t = 30)]
+    pub kube_api_burst: u32,
+
+    /// Plain-HTTP address for /healthz, /readyz and /metrics (Pilothouse's counterpart of
+    /// kube-controller-manager's --bind-address/--secure-port, without TLS).
+    #[arg(long, default_value = "0.0.0.0:10267")]
+    pub metrics_bind_address: String,
+
+    /// How long in-flight syncs may run after SIGTERM before the lease is released anyway.
+    #[arg(long, default_value = "2s", value_parser = duration_arg)]
+    pub shutdown_drain_timeout: Duration,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub logging_format: LoggingFormat,
+
+    /// Log verbosity, as klog's -v (0 = info, 2 = debug for our code, 4+ = trace).
+    #[arg(short = 'v', long = "v", default_value_t = 0)]
+    pub verbosity: u8,
+}
+
+impl ManagerOptions {
+    pub fn validate(&self) -> Result<(), FlagError> {
+        if self.leader_elect_resource_lock != "leases" {
+            return Err(FlagError::ResourceLock(self.leader_elect_resource_lock.clone()));
+        }
+        Ok(())
+    }
+}
+
+/// Which options were given explicitly on the command line (by long name).
+#[derive(Clone, Debug, Default)]
+pub struct SetFlags(BTreeSet<String>);
+
+impl SetFlags {
+    pub fn from_matches(m: &ArgMatches) -> SetFlags {
+        let set = m
+            .ids()
+            .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+            .map(|id| id.as_str().replace('_', "-"))
+            .collect();
+        SetFlags(set)
+    }
+
+    /// Whether `--name` was given explicitly.
+    pub fn is_set(&self, name: &str) -> bool {
+        self.0.contains(&name.replace('_', "-"))
+    }
+}
+
+/// A controller Pilothouse hosts or plans to host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControllerInfo {
+    /// Canonical kube-controller-manager name, e.g. `job-controller`.
+    pub name: &'static str,
+    /// kube-controller-manager's aliases, e.g. `job`.
+    pub aliases: &'static [&'static str],
+    pub built: bool,
+    pub on_by_default: bool,
+}
+
+/// Resolves `--controllers` to the canonical names of the controllers to run, as
+/// kube-controller-manager's `IsControllerEnabled` does: for each controller the first explicit
+/// `name`/`-name` in the list decides, else `*` enables it if it is on by default.
+pub fn resolve_controllers(
+    requested: &[String],
+    catalogue: &[ControllerInfo],
+) -> Result<Vec<&'static str>, FlagError> {
+    let canonical = |raw: &str| -> Result<&ControllerInfo, FlagError> {
+        catalogue
+            .iter()
+            .find(|c| c.name == raw || c.aliases.contains(&raw))
+            .ok_or_else(|| FlagError::UnknownController {
+                name: raw.to_string(),
+                valid: catalogue.iter().map(|c| c.name).collect::<Vec<_>>().join(", "),
+            })
+    };
+    // (controller, enabled) in list order; '*' marks that on-by-default ones are enabled.
+    let mut choices: Vec<(&'static str, bool)> = Vec::new();
+    let mut star = false;
+    for raw in requested.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        if raw == "*" {
+            star = true;
+            continue;
+        }
+        let (name, enable) = match raw.strip_prefix('-') {
+            Some(n) => (n, false),
+            None => (raw, true),
+        };
+        let info = canonical(name)?;
+        if enable && !info.built {
+            return Err(FlagError::PlannedController {
+                name: name.to_string(),
+                built: built_list(catalogue),
+            });
+        }
+        choices.push((info.name, enable));
+    }
+    Ok(catalogue
+        .iter()
+        .filter(|c| {
+            let explicit = choices.iter().find(|(n, _)| *n == c.name).map(|(_, e)| *e);
+            explicit.unwrap_or(star && c.on_by_default) && c.built
+        })
+        .map(|c| c.name)
+        .collect())
+}
+
+fn built_list(catalogue: &[ControllerInfo]) -> String {
+    let built: Vec<&str> = catalogue.iter().filter(|c| c.built).map(|c| c.name).collect();
+    if built.is_empty() { "(none yet)".to_string() } else { built.join(", ") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches, Parser};
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        m: ManagerOptions,
+    }
+
+    fn parse(args: &[&str]) -> (ManagerOptions, SetFlags) {
+        let matches = Cli::command().try_get_matches_from(std::iter::once("pilothouse").chain(args.iter().copied())).unwrap();
+        let cli = Cli::from_arg_matches(&matches).unwrap();
+        (cli.m, SetFlags::from_matches(&matches))
+    }
+
+    #[test]
+    fn go_durations() {
+        let ok = [
+            ("15s", 15_000),
+            ("1m30s", 90_000),
+            ("300ms", 300),
+            ("1.5h", 5_400_000),
+            ("0", 0),
+            ("2h45m", 9_900_000),
+            ("+5s", 5_000),
+        ];
+        for (s, ms) in ok {
+            assert_eq!(parse_go_duration(s).unwrap(), Duration::from_millis(ms), "{s}");
+        }
+        for bad in ["", "15", "s", "1x", "-5s", "1.2.3s", "5 s"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(parse_go_duration("1500us").unwrap(), Duration::from_micros(1500));
+    }
+
+    #[test]
+    fn defaults_match_kube_controller_manager() {
+        let (o, set) = parse(&[]);
+        assert_eq!(o.controllers, vec!["*"]);
+        assert!(o.leader_elect);
+        assert_eq!(o.leader_elect_lease_duration, Duration::from_secs(15));
+        assert_eq!(o.leader_elect_renew_deadline, Duration::from_secs(10));
+        assert_eq!(o.leader_elect_retry_period, Duration::from_secs(2));
+        assert_eq!(o.leader_elect_resource_namespace, "kube-system");
+        assert_eq!(o.leader_elect_resource_name, "pilothouse");
+        assert_eq!(o.kube_api_qps, 20.0);
+        assert_eq!(o.kube_api_burst, 30);
+        assert!(!set.is_set("leader-elect"));
+        assert!(!set.is_set("kube-api-qps"));
+    }
+
+    #[test]
+    fn explicit_flags_are_tracked_and_bools_take_equals() {
+        let (o, set) = parse(&["--leader-elect=false", "--kube-api-qps=200", "--controllers=job,-cronjob", "-v=4"]);
+        assert!(!o.leader_elect);
+        assert_eq!(o.kube_api_qps, 200.0);
+        assert_eq!(o.controllers, vec!["job", "-cronjob"]);
+        assert_eq!(o.verbosity, 4);
+        assert!(set.is_set("leader-elect"));
+        assert!(set.is_set("kube_api_qps"));
+        assert!(set.is_set("controllers"));
+        assert!(!set.is_set("kube-api-burst"));
+        let (o, _) = parse(&["--leader-elect", "--v=2"]);
+        assert!(o.leader_elect);
+        assert_eq!(o.verbosity, 2);
+    }
+
+    const CAT: &[ControllerInfo] = &[
+        ControllerInfo { name: "job-controller", aliases: &["job"], built: true, on_by_default: true },
+        ControllerInfo { name: "cronjob-controller", aliases: &["cronjob"], built: true, on_by_default: true },
+        ControllerInfo { name: "statefulset-controller", aliases: &["statefulset"], built: false, on_by_default: true },
+        ControllerInfo { name: "extra-controller", aliases: &[], built: true, on_by_default: false },
+    ];
+
+    fn resolve(list: &[&str]) -> Result<Vec<&'static str>, FlagError> {
+        resolve_controllers(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>(), CAT)
+    }
+
+    #[test]
+    fn controllers_selection_follows_kcm_rules() {
+        // '*' = every built, on-by-default controller; planned ones are not run.
+        assert_eq!(resolve(&["*"]).unwrap(), vec!["job-controller", "cronjob-controller"]);
+        assert_eq!(resolve(&["*", "-job-controller"]).unwrap(), vec!["cronjob-controller"]);
+        // Aliases resolve to canonical names.
+        assert_eq!(resolve(&["job"]).unwrap(), vec!["job-controller"]);
+        assert_eq!(resolve(&["*", "-job"]).unwrap(), vec!["cronjob-controller"]);
+        // Off-by-default controllers need naming.
+        assert_eq!(resolve(&["*", "extra-controller"]).unwrap(), vec!["job-controller", "cronjob-controller", "extra-controller"]);
+        // The first explicit mention wins, as in kcm.
+        assert_eq!(resolve(&["-job", "job", "*"]).unwrap(), vec!["cronjob-controller"]);
+        // Nothing without '*' or names.
+        assert!(resolve(&[]).unwrap().is_empty());
+        // Disabling a planned controller is harmless.
+        assert_eq!(resolve(&["*", "-statefulset"]).unwrap(), vec!["job-controller", "cronjob-controller"]);
+    }
+
+    #[test]
+    fn unknown_and_planned_names_are_errors() {
+        let e = resolve(&["*", "jobs"]).unwrap_err();
+        assert!(e.to_string().contains("job-controller, cronjob-controller"), "{e}");
+        assert!(matches!(e, FlagError::UnknownController { .. }));
+        let e = resolve(&["statefulset"]).unwrap_err();
+        assert!(matches!(e, FlagError::PlannedController { .. }), "{e}");
+        assert!(matches!(resolve(&["-bogus"]).unwrap_err(), FlagError::UnknownController { .. }));
+    }
+}

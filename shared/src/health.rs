@@ -1,0 +1,62 @@
+//! One plain-HTTP server for /healthz, /readyz and /metrics.
+
+use crate::election::LeaderElector;
+use crate::informers::Informers;
+use crate::metrics::Metrics;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone)]
+pub struct Health {
+    pub metrics: Arc<Metrics>,
+    pub informers: Arc<Informers>,
+    pub elector: Option<Arc<LeaderElector>>,
+}
+
+async fn healthz(State(h): State<Health>) -> impl IntoResponse {
+    match &h.elector {
+        Some(e) if !e.healthy() => (StatusCode::INTERNAL_SERVER_ERROR, "leaderElection: lease not renewed within lease duration + 20s\n"),
+        _ => (StatusCode::OK, "ok\n"),
+    }
+}
+
+/// Ready once every shared cache has listed, leader or not, so standbys stay Ready.
+async fn readyz(State(h): State<Health>) -> impl IntoResponse {
+    let unsynced = h.informers.unsynced();
+    if unsynced.is_empty() {
+        (StatusCode::OK, "ok\n".to_string())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("caches not synced: {}\n", unsynced.join(", ")))
+    }
+}
+
+async fn metrics(State(h): State<Health>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        h.metrics.encode(),
+    )
+}
+
+/// Binds `addr` and serves until `stop`. Returns the bound address (useful with port 0).
+pub async fn serve(addr: &str, health: Health, stop: CancellationToken) -> std::io::Result<std::net::SocketAddr> {
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/livez", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(health);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "health server failed");
+        }
+    });
+    Ok(bound)
+}

@@ -1,0 +1,511 @@
+//! Shared caches: one LIST+WATCH per resource type for the whole process, created only when an
+//! enabled controller asks for that type, shared by every controller that does.
+//!
+//! Each informer keeps a store of `Arc<K>` (managedFields stripped, never mutated in place),
+//! named indexes (e.g. pods by node, by controlling owner UID) maintained on every event, and a
+//! list of handlers called with add/update/delete (old and new). Handlers run on the watch task
+//! and must only map the event to keys and enqueue them: nothing blocks, so no consumer can stall
+//! the watch (unlike a bounded broadcast).
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use std::any::{Any, TypeId};
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::watch as tokio_watch;
+use tokio_util::sync::CancellationToken;
+
+/// `namespace/name`, or `name` for cluster-scoped objects (client-go's MetaNamespaceKey).
+pub type ObjectKey = String;
+
+pub fn object_key<K: Resource>(obj: &K) -> ObjectKey {
+    let meta = obj.meta();
+    let name = meta.name.as_deref().unwrap_or_default();
+    match meta.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    }
+}
+
+/// Splits a key into (namespace, name); namespace is empty for cluster-scoped keys.
+pub fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
+}
+
+pub trait Watched:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+impl<K> Watched for K where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+/// A change seen by an informer.
+#[derive(Debug)]
+pub enum Change<K> {
+    Added(Arc<K>),
+    Updated { old: Arc<K>, new: Arc<K> },
+    /// The last state seen. After a re-list this may be older than the real final state.
+    Deleted(Arc<K>),
+}
+
+impl<K> Change<K> {
+    /// The newest state this change carries.
+    pub fn object(&self) -> &Arc<K> {
+        match self {
+            Change::Added(o) | Change::Deleted(o) => o,
+            Change::Updated { new, .. } => new,
+        }
+    }
+}
+
+type Handler<K> = Box<dyn Fn(&Change<K>) + Send + Sync>;
+type IndexFn<K> = Box<dyn Fn(&K) -> Vec<String> + Send + Sync>;
+
+struct Index<K> {
+    func: IndexFn<K>,
+    entries: HashMap<String, BTreeSet<ObjectKey>>,
+}
+
+struct StoreState<K> {
+    objects: HashMap<ObjectKey, Arc<K>>,
+    indexes: HashMap<&'static str, Index<K>>,
+}
+
+impl<K> StoreState<K> {
+    fn index_insert(&mut self, key: &ObjectKey, obj: &K) {
+        for index in self.indexes.values_mut() {
+            for v in (index.func)(obj) {
+                index.entries.entry(v).or_default().insert(key.clone());
+            }
+        }
+    }
+
+    fn index_remove(&mut self, key: &ObjectKey, obj: &K) {
+        for index in self.indexes.values_mut() {
+            for v in (index.func)(obj) {
+                if let Some(set) = index.entries.get_mut(&v) {
+                    set.remove(key);
+                    if set.is_empty() {
+                        index.entries.remove(&v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One resource type's shared cache.
+pub struct Informer<K> {
+    resource: String,
+    state: RwLock<StoreState<K>>,
+    handlers: RwLock<Vec<Handler<K>>>,
+    synced: AtomicBool,
+    synced_tx: tokio_watch::Sender<bool>,
+}
+
+impl<K: Watched> Informer<K> {
+    fn new() -> Self {
+        let (synced_tx, _) = tokio_watch::channel(false);
+        Informer {
+            resource: K::plural(&()).into_owned(),
+            state: RwLock::new(StoreState { objects: HashMap::new(), indexes: HashMap::new() }),
+            handlers: RwLock::new(Vec::new()),
+            synced: AtomicBool::new(false),
+            synced_tx,
+        }
+    }
+
+    /// The resource's plural name (e.g. `pods`).
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// Registers a handler. Handlers must be cheap and non-blocking (map to keys, enqueue).
+    pub fn on_change(&self, handler: impl Fn(&Change<K>) + Send + Sync + 'static) {
+        self.handlers.write().expect("handlers lock").push(Box::new(handler));
+    }
+
+    /// Adds a named index. Adding the same name twice keeps the first (indexes are shared).
+    pub fn add_index(&self, name: &'static str, func: impl Fn(&K) -> Vec<String> + Send + Sync + 'static) {
+        let mut s = self.state.write().expect("store lock");
+        if s.indexes.contains_key(name) {
+            return;
+        }
+        let mut index = Index { func: Box::new(func), entries: HashMap::new() };
+        for (key, obj) in &s.objects {
+            for v in (index.func)(obj) {
+                index.entries.entry(v).or_default().insert(key.clone());
+            }
+        }
+        s.indexes.insert(name, index);
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.state.read().expect("store lock").objects.get(key).cloned()
+    }
+
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.state.read().expect("store lock").objects.values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.state.read().expect("store lock").objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Objects whose index `name` yields `value`. An unknown index name is a programming error.
+    pub fn by_index(&self, name: &str, value: &str) -> Vec<Arc<K>> {
+        let s = self.state.read().expect("store lock");
+        let index = s.indexes.get(name).unwrap_or_else(|| panic!("no index {name:?} on {}", self.resource));
+        index
+            .entries
+            .get(value)
+            .map(|keys| keys.iter().filter_map(|k| s.objects.get(k).cloned()).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn has_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced_tx.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    fn notify(&self, change: Change<K>) {
+        for h in self.handlers.read().expect("handlers lock").iter() {
+            h(&change);
+        }
+    }
+
+    fn apply(&self, obj: K) {
+        let key = object_key(&obj);
+        let new = Arc::new(obj);
+        let old = {
+            let mut s = self.state.write().expect("store lock");
+            let old = s.objects.insert(key.clone(), Arc::clone(&new));
+            if let Some(o) = &old {
+                s.index_remove(&key, o);
+            }
+            s.index_insert(&key, &new);
+            old
+        };
+        match old {
+            None => self.notify(Change::Added(new)),
+            Some(old) => self.notify(Change::Updated { old, new }),
+        }
+    }
+
+    fn delete(&self, obj: K) {
+        let key = object_key(&obj);
+        let removed = {
+            let mut s = self.state.write().expect("store lock");
+            let removed = s.objects.remove(&key);
+            if let Some(o) = &removed {
+                s.index_remove(&key, o);
+            }
+            removed
+        };
+        if removed.is_some() {
+            self.notify(Change::Deleted(Arc::new(obj)));
+        }
+    }
+
+    /// Replaces the whole store after a (re-)list, emitting only real differences.
+    fn replace(&self, listed: HashMap<ObjectKey, K>) {
+        let mut changes = Vec::new();
+        {
+            let mut s = self.state.write().expect("store lock");
+            let gone: Vec<ObjectKey> = s.objects.keys().filter(|k| !listed.contains_key(*k)).cloned().collect();
+            for key in gone {
+                if let Some(old) = s.objects.remove(&key) {
+                    s.index_remove(&key, &old);
+                    changes.push(Change::Deleted(old));
+                }
+            }
+            for (key, obj) in listed {
+                let new = Arc::new(obj);
+                match s.objects.insert(key.clone(), Arc::clone(&new)) {
+                    Some(old) if old.resource_version() == new.resource_version() => {
+                        // Unchanged: keep the old Arc so readers holding it see the same object.
+                        s.objects.insert(key, old);
+                    }
+                    Some(old) => {
+                        s.index_remove(&key, &old);
+                        s.index_insert(&key, &new);
+                        changes.push(Change::Updated { old, new });
+                    }
+                    None => {
+                        s.index_insert(&key, &new);
+                        changes.push(Change::Added(new));
+                    }
+                }
+            }
+        }
+        for c in changes {
+            self.notify(c);
+        }
+        self.synced.store(true, Ordering::Release);
+        self.synced_tx.send_replace(true);
+    }
+
+    async fn run(self: Arc<Self>, api: Api<K>, config: watcher::Config, stop: CancellationToken) {
+        let stream = watcher::watcher(api, config).default_backoff();
+        futures::pin_mut!(stream);
+        let mut listing: Option<HashMap<ObjectKey, K>> = None;
+        loop {
+            let next = tokio::select! {
+                _ = stop.cancelled() => return,
+                n = stream.next() => n,
+            };
+            let Some(event) = next else { return };
+            match event {
+                Ok(Event::Init) => listing = Some(HashMap::new()),
+                Ok(Event::InitApply(obj)) => {
+                    let obj = strip(obj);
+                    listing.get_or_insert_with(HashMap::new).insert(object_key(&obj), obj);
+                }
+                Ok(Event::InitDone) => {
+                    let listed = listing.take().unwrap_or_default();
+                    tracing::debug!(resource = %self.resource, objects = listed.len(), "listed");
+                    self.replace(listed);
+                }
+                Ok(Event::Apply(obj)) => self.apply(strip(obj)),
+                Ok(Event::Delete(obj)) => self.delete(strip(obj)),
+                Err(e) => tracing::warn!(resource = %self.resource, error = %e, "watch failed; retrying with backoff"),
+            }
+        }
+    }
+}
+
+fn strip<K: Resource>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
+    obj
+}
+
+/// Index function: the object's namespace.
+pub fn by_namespace<K: Resource>(obj: &K) -> Vec<String> {
+    obj.meta().namespace.clone().into_iter().collect()
+}
+
+/// Index function: the UID of the object's controlling owner.
+pub fn by_controller_uid<K: Resource>(obj: &K) -> Vec<String> {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
+        .collect()
+}
+
+/// Index function: a pod's node.
+pub fn pod_by_node(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+    pod.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
+}
+
+pub const INDEX_NAMESPACE: &str = "namespace";
+pub const INDEX_CONTROLLER_UID: &str = "controller-uid";
+pub const INDEX_POD_NODE: &str = "pod-node";
+
+trait AnyInformer: Send + Sync {
+    fn as_any(&self) -> Arc<dyn Any + Send + Sync>;
+    fn resource(&self) -> String;
+    fn has_synced(&self) -> bool;
+    fn start(&self, client: Client, stop: CancellationToken);
+}
+
+struct Entry<K> {
+    informer: Arc<Informer<K>>,
+    started: AtomicBool,
+}
+
+impl<K: Watched> AnyInformer for Entry<K> {
+    fn as_any(&self) -> Arc<dyn Any + Send + Sync> {
+        Arc::clone(&self.informer) as Arc<dyn Any + Send + Sync>
+    }
+    fn resource(&self) -> String {
+        self.informer.resource.clone()
+    }
+    fn has_synced(&self) -> bool {
+        self.informer.has_synced()
+    }
+    fn start(&self, client: Client, stop: CancellationToken) {
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let api = Api::<K>::all(client);
+        // resourceVersion=0 lists from the API server's watch cache, as client-go informers do.
+        let config = watcher::Config::default().any_semantic();
+        tokio::spawn(Arc::clone(&self.informer).run(api, config, stop));
+    }
+}
+
+/// The process's informer registry.
+pub struct Informers {
+    client: Client,
+    stop: CancellationToken,
+    entries: Mutex<Vec<(TypeId, Box<dyn AnyInformer>)>>,
+    started: AtomicBool,
+}
+
+impl Informers {
+    pub fn new(client: Client, stop: CancellationToken) -> Arc<Self> {
+        Arc::new(Informers { client, stop, entries: Mutex::new(Vec::new()), started: AtomicBool::new(false) })
+    }
+
+    /// The shared informer for `K`, created on first request. Its watch starts with
+    /// [`Informers::start`] (or at once if the registry already started).
+    pub fn get<K: Watched>(&self) -> Arc<Informer<K>> {
+        let mut entries = self.entries.lock().expect("registry lock");
+        let id = TypeId::of::<K>();
+        if let Some((_, e)) = entries.iter().find(|(t, _)| *t == id) {
+            return e.as_any().downcast::<Informer<K>>().expect("type id matches");
+        }
+        let entry = Entry { informer: Arc::new(Informer::<K>::new()), started: AtomicBool::new(false) };
+        let informer = Arc::clone(&entry.informer);
+        if self.started.load(Ordering::Acquire) {
+            entry.start(self.client.clone(), self.stop.clone());
+        }
+        entries.push((id, Box::new(entry)));
+        informer
+    }
+
+    /// Starts every informer requested so far.
+    pub fn start(&self) {
+        self.started.store(true, Ordering::Release);
+        for (_, e) in self.entries.lock().expect("registry lock").iter() {
+            e.start(self.client.clone(), self.stop.clone());
+        }
+    }
+
+    /// The resources being watched (plural names).
+    pub fn resources(&self) -> Vec<String> {
+        self.entries.lock().expect("registry lock").iter().map(|(_, e)| e.resource()).collect()
+    }
+
+    /// Resources whose first list has not completed.
+    pub fn unsynced(&self) -> Vec<String> {
+        self.entries
+            .lock()
+            .expect("registry lock")
+            .iter()
+            .filter(|(_, e)| !e.has_synced())
+            .map(|(_, e)| e.resource())
+            .collect()
+    }
+
+    pub fn all_synced(&self) -> bool {
+        self.unsynced().is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Pod, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, OwnerReference};
+
+    fn pod(name: &str, rv: &str, node: Option<&str>, owner: Option<&str>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(rv.into()),
+                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+                owner_references: owner.map(|uid| {
+                    vec![OwnerReference { uid: uid.into(), controller: Some(true), ..Default::default() }]
+                }),
+                ..Default::default()
+            },
+            spec: Some(PodSpec { node_name: node.map(Into::into), ..Default::default() }),
+            status: None,
+        }
+    }
+
+    fn recorded(inf: &Informer<Pod>) -> Arc<Mutex<Vec<String>>> {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = Arc::clone(&log);
+        inf.on_change(move |c| {
+            let s = match c {
+                Change::Added(p) => format!("add {}", p.name_any()),
+                Change::Updated { old, new } => {
+                    format!("update {} {}->{}", new.name_any(), old.resource_version().unwrap(), new.resource_version().unwrap())
+                }
+                Change::Deleted(p) => format!("delete {}", p.name_any()),
+            };
+            l.lock().unwrap().push(s);
+        });
+        log
+    }
+
+    #[test]
+    fn events_indexes_and_stripping() {
+        let inf = Informer::<Pod>::new();
+        inf.add_index(INDEX_POD_NODE, pod_by_node);
+        inf.add_index(INDEX_CONTROLLER_UID, by_controller_uid);
+        let log = recorded(&inf);
+        inf.apply(strip(pod("a", "1", Some("n1"), Some("u1"))));
+        inf.apply(strip(pod("b", "1", Some("n1"), None)));
+        inf.apply(strip(pod("a", "2", Some("n2"), Some("u1"))));
+        assert!(inf.get("ns/a").unwrap().metadata.managed_fields.is_none());
+        let names = |v: Vec<Arc<Pod>>| {
+            let mut n: Vec<String> = v.iter().map(|p| p.name_any()).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(inf.by_index(INDEX_POD_NODE, "n1")), vec!["b"]);
+        assert_eq!(names(inf.by_index(INDEX_POD_NODE, "n2")), vec!["a"]);
+        assert_eq!(names(inf.by_index(INDEX_CONTROLLER_UID, "u1")), vec!["a"]);
+        inf.delete(pod("a", "3", Some("n2"), Some("u1")));
+        assert!(inf.by_index(INDEX_POD_NODE, "n2").is_empty());
+        assert!(inf.by_index(INDEX_CONTROLLER_UID, "u1").is_empty());
+        // Deleting an unknown object emits nothing.
+        inf.delete(pod("zzz", "1", None, None));
+        assert_eq!(*log.lock().unwrap(), vec!["add a", "add b", "update a 1->2", "delete a"]);
+    }
+
+    #[test]
+    fn relist_emits_only_differences_and_marks_synced() {
+        let inf = Informer::<Pod>::new();
+        inf.add_index(INDEX_NAMESPACE, by_namespace);
+        let log = recorded(&inf);
+        assert!(!inf.has_synced());
+        inf.replace(HashMap::from([
+            ("ns/a".to_string(), pod("a", "1", None, None)),
+            ("ns/b".to_string(), pod("b", "1", None, None)),
+        ]));
+        assert!(inf.has_synced());
+        let before = inf.get("ns/a").unwrap();
+        inf.replace(HashMap::from([
+            ("ns/a".to_string(), pod("a", "1", None, None)),
+            ("ns/c".to_string(), pod("c", "1", None, None)),
+        ]));
+        assert!(Arc::ptr_eq(&before, &inf.get("ns/a").unwrap()), "unchanged object replaced");
+        let mut got = log.lock().unwrap().clone();
+        got[..2].sort();
+        got[2..].sort();
+        assert_eq!(got, vec!["add a", "add b", "add c", "delete b"]);
+        assert_eq!(inf.by_index(INDEX_NAMESPACE, "ns").len(), 2);
+    }
+
+    #[test]
+    fn keys() {
+        let p = pod("a", "1", None, None);
+        assert_eq!(object_key(&p), "ns/a");
+        assert_eq!(split_key("ns/a"), ("ns", "a"));
+        assert_eq!(split_key("node-1"), ("", "node-1"));
+    }
+}

@@ -1,0 +1,16 @@
+//! The runtime every Pilothouse controller uses: flags, clients, shared caches, work queues,
+//! expectations, leader election, events, metrics and health.
+
+pub mod client;
+pub mod controller;
+pub mod election;
+pub mod events;
+pub mod expectations;
+pub mod flags;
+pub mod health;
+pub mod informers;
+pub mod logging;
+pub mod manager;
+pub mod metrics;
+pub mod queue;
+pub mod ratelimit;

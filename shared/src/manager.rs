@@ -1,0 +1,233 @@
+//! The process lifecycle: flags → clients → shared caches (warm on every replica) → leader
+//! election → controllers (only while leading) → graceful or forced stop.
+//!
+//! - SIGTERM/SIGINT: stop renewing, stop intake, let in-flight syncs finish (bounded by
+//!   `--shutdown-drain-timeout`), release the Lease, exit 0.
+//! - Lost lease (no renewal within the renew deadline): the write fence is already closed; stop
+//!   the controllers (bounded) and exit 1 so the pod restarts, as kube-controller-manager does.
+
+use crate::client::{self, ClientSpec, WriteFence};
+use crate::controller::{Registration, SetupFactory};
+use crate::election::{self, ElectionConfig, Ended, LeaderElector};
+use crate::flags::{self, FlagError, ManagerOptions, SetFlags};
+use crate::health::{self, Health};
+use crate::informers::Informers;
+use crate::metrics::Metrics;
+use futures::future::join_all;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Config;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error(transparent)]
+    Flags(#[from] FlagError),
+    #[error("loading kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("building a client: {0}")]
+    Client(#[from] kube::Error),
+    #[error(transparent)]
+    Election(#[from] election::ElectionError),
+    #[error("initialising {name}: {source}")]
+    Init { name: &'static str, source: crate::controller::InitError },
+    #[error("serving health and metrics on {addr}: {source}")]
+    Health { addr: String, source: std::io::Error },
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// How the process should exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Graceful stop after a signal.
+    Stopped,
+    /// Leadership lost: exit non-zero so the pod restarts.
+    LeaseLost,
+}
+
+async fn load_config(opts: &ManagerOptions) -> Result<Config, ManagerError> {
+    let mut config = if opts.kubeconfig.is_empty() {
+        Config::infer().await.map_err(|e| ManagerError::Kubeconfig(e.to_string()))?
+    } else {
+        let kc = Kubeconfig::read_from(&opts.kubeconfig).map_err(|e| ManagerError::Kubeconfig(format!("{}: {e}", opts.kubeconfig)))?;
+        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| ManagerError::Kubeconfig(format!("{}: {e}", opts.kubeconfig)))?
+    };
+    if !opts.master.is_empty() {
+        config.cluster_url = opts.master.parse().map_err(|e| ManagerError::Kubeconfig(format!("--master: {e}")))?;
+    }
+    Ok(config)
+}
+
+/// Fence for `--leader-elect=false`: always allowed to write.
+#[derive(Debug)]
+struct NoElection;
+impl WriteFence for NoElection {
+    fn may_write(&self) -> bool {
+        true
+    }
+}
+
+pub async fn run(opts: ManagerOptions, set: SetFlags, catalogue: Vec<Registration>) -> Result<Exit, ManagerError> {
+    opts.validate()?;
+    let infos: Vec<_> = catalogue.iter().map(|r| r.info).collect();
+    let enabled = flags::resolve_controllers(&opts.controllers, &infos)?;
+    tracing::info!(
+        enabled = ?enabled,
+        explicit_flags = ?set,
+        "starting pilothouse v{}",
+        env!("CARGO_PKG_VERSION")
+    );
+
+    let config = load_config(&opts).await?;
+    let metrics = Metrics::new();
+    let identity = election::default_identity();
+
+    // Caches live for the whole process: standbys keep them warm.
+    let process_stop = CancellationToken::new();
+    let informer_client = client::build(
+        &config,
+        ClientSpec { controller: "shared-informers".into(), qps: opts.kube_api_qps, burst: opts.kube_api_burst, fence: None },
+        &metrics,
+    )?;
+    let informers = Informers::new(informer_client, process_stop.clone());
+
+    let elector = if opts.leader_elect {
+        let election_client = client::build(
+            &config,
+            ClientSpec { controller: "leader-election".into(), qps: opts.kube_api_qps, burst: opts.kube_api_burst, fence: None },
+            &metrics,
+        )?;
+        Some(LeaderElector::new(
+            election_client,
+            ElectionConfig {
+                namespace: opts.leader_elect_resource_namespace.clone(),
+                name: opts.leader_elect_resource_name.clone(),
+                identity: identity.clone(),
+                lease_duration: opts.leader_elect_lease_duration,
+                renew_deadline: opts.leader_elect_renew_deadline,
+                retry_period: opts.leader_elect_retry_period,
+            },
+            &metrics,
+        )?)
+    } else {
+        None
+    };
+    let fence: Arc<dyn WriteFence> = match &elector {
+        Some(e) => Arc::clone(e) as Arc<dyn WriteFence>,
+        None => Arc::new(NoElection),
+    };
+
+    let factory = SetupFactory {
+        config: config.clone(),
+        qps: opts.kube_api_qps,
+        burst: opts.kube_api_burst,
+        fence: Some(fence),
+        informers: Arc::clone(&informers),
+        metrics: Arc::clone(&metrics),
+        identity: identity.clone(),
+    };
+    let mut controllers = Vec::new();
+    for reg in catalogue {
+        if !enabled.contains(&reg.info.name) {
+            continue;
+        }
+        let Some(init) = reg.init else { continue };
+        let name = reg.info.name;
+        let setup = factory.setup(name).map_err(|source| ManagerError::Init { name, source })?;
+        controllers.push((name, init(setup).map_err(|source| ManagerError::Init { name, source })?));
+    }
+    informers.start();
+    tracing::info!(resources = ?informers.resources(), "shared caches started");
+
+    let health = Health { metrics: Arc::clone(&metrics), informers: Arc::clone(&informers), elector: elector.clone() };
+    let bound = health::serve(&opts.metrics_bind_address, health, process_stop.clone())
+        .await
+        .map_err(|source| ManagerError::Health { addr: opts.metrics_bind_address.clone(), source })?;
+    tracing::info!(address = %bound, "serving /healthz /readyz /metrics");
+
+    let shutdown = CancellationToken::new();
+    spawn_signal_watch(shutdown.clone())?;
+
+    // Lead (or not), then run the controllers until a signal or the lease is lost.
+    let election_stop = shutdown.child_token();
+    let election_task = elector.as_ref().map(|e| {
+        let e = Arc::clone(e);
+        let stop = election_stop.clone();
+        tokio::spawn(async move { e.run(stop).await })
+    });
+    let mut leading = elector.as_ref().map(|e| e.subscribe());
+    if let Some(rx) = leading.as_mut() {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = rx.wait_for(|l| *l) => {}
+        }
+    }
+    let controllers_stop = CancellationToken::new();
+    let mut exit = Exit::Stopped;
+    if !shutdown.is_cancelled() {
+        tracing::info!(identity = %identity, "leading; waiting for caches to sync");
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = wait_synced(&informers) => {}
+        }
+        let handles: Vec<_> = controllers
+            .into_iter()
+            .map(|(name, c)| {
+                tracing::info!(controller = name, "starting controller");
+                tokio::spawn(c.run(controllers_stop.clone()))
+            })
+            .collect();
+        let ended = match election_task {
+            Some(task) => {
+                tokio::select! {
+                    _ = shutdown.cancelled() => Ended::Stopped,
+                    r = task => r.unwrap_or(Ended::Lost),
+                }
+            }
+            None => {
+                shutdown.cancelled().await;
+                Ended::Stopped
+            }
+        };
+        if ended == Ended::Lost {
+            exit = Exit::LeaseLost;
+        }
+        election_stop.cancel();
+        controllers_stop.cancel();
+        let drained = tokio::time::timeout(opts.shutdown_drain_timeout, join_all(handles)).await;
+        if drained.is_err() {
+            tracing::warn!(timeout = ?opts.shutdown_drain_timeout, "controllers did not drain in time; stopping anyway");
+        }
+    }
+    election_stop.cancel();
+    if exit == Exit::Stopped {
+        if let Some(e) = &elector {
+            e.release().await;
+        }
+    }
+    process_stop.cancel();
+    Ok(exit)
+}
+
+async fn wait_synced(informers: &Informers) {
+    while !informers.all_synced() {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+fn spawn_signal_watch(shutdown: CancellationToken) -> Result<(), ManagerError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(ManagerError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ManagerError::Signals)?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}
