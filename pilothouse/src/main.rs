@@ -29,12 +29,13 @@ fn catalogue() -> Vec<Registration> {
 }
 
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let command = Cli::command();
+    let matches = command.clone().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    let set = SetFlags::from_matches(&matches);
+    let set = SetFlags::from_matches(&command, &matches);
     shared::logging::init(cli.manager.logging_format, cli.manager.verbosity);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,

@@ -147,7 +147,7 @@ impl LeaderElector {
         let status = Family::<NameLabel, Gauge>::default();
         metrics.register(
             "leader_election_master_status",
-            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease",
             status.clone(),
         );
         let (leading_tx, _) = watch::channel(false);

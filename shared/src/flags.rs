@@ -155,9 +155,11 @@ impl ManagerOptions {
 pub struct SetFlags(BTreeSet<String>);
 
 impl SetFlags {
-    pub fn from_matches(m: &ArgMatches) -> SetFlags {
-        let set = m
-            .ids()
+    /// `command` is the parser `m` came from (its arguments, not its groups, are options).
+    pub fn from_matches(command: &clap::Command, m: &ArgMatches) -> SetFlags {
+        let set = command
+            .get_arguments()
+            .map(|a| a.get_id())
             .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
             .map(|id| id.as_str().replace('_', "-"))
             .collect();
@@ -247,7 +249,7 @@ mod tests {
     fn parse(args: &[&str]) -> (ManagerOptions, SetFlags) {
         let matches = Cli::command().try_get_matches_from(std::iter::once("pilothouse").chain(args.iter().copied())).unwrap();
         let cli = Cli::from_arg_matches(&matches).unwrap();
-        (cli.m, SetFlags::from_matches(&matches))
+        (cli.m, SetFlags::from_matches(&Cli::command(), &matches))
     }
 
     #[test]
@@ -297,6 +299,7 @@ mod tests {
         assert!(set.is_set("kube_api_qps"));
         assert!(set.is_set("controllers"));
         assert!(!set.is_set("kube-api-burst"));
+        assert!(!set.is_set("ManagerOptions"), "argument groups are not options");
         let (o, _) = parse(&["--leader-elect", "--v=2"]);
         assert!(o.leader_elect);
         assert_eq!(o.verbosity, 2);

@@ -1,6 +1,7 @@
 //! Logging setup: text or JSON by `--logging-format`, verbosity by `-v` as klog levels map.
 
 use crate::flags::LoggingFormat;
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// `RUST_LOG`, when set, overrides the `-v` mapping.
@@ -11,7 +12,10 @@ pub fn init(format: LoggingFormat, verbosity: u8) {
         _ => "info,shared=trace,pilothouse=trace,controllers=trace,kube=debug",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LoggingFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
         LoggingFormat::Text => builder.try_init(),

@@ -1,1 +1,337 @@
+//! End-to-end tests of the manager (issue 2): leader election, failover, graceful release,
+//! partition step-down, `--controllers`, health and metrics, and the control-plane fixtures
+//! themselves (kwok stages). All share one local control plane and run concurrently; each
+//! election test uses its own Lease name so they never compete with each other.
 
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use libtest_mimic::{Arguments, Failed, Trial};
+use pilothouse_tests::cluster::{Cluster, ClusterOptions};
+use pilothouse_tests::{Pilothouse, audit, proxy::Proxy, unique, wait};
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+use tokio::time::Instant;
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+
+fn cluster() -> &'static Cluster {
+    CLUSTER.get().expect("cluster started in main")
+}
+
+fn trial<F, Fut>(name: &'static str, f: F) -> Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<()>>,
+{
+    Trial::test(name, move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| Failed::from(e.to_string()))?;
+        rt.block_on(f()).map_err(|e| Failed::from(format!("{e:#}")))
+    })
+}
+
+fn log_dir() -> std::path::PathBuf {
+    let d = cluster().dir.join("pilothouse-logs");
+    std::fs::create_dir_all(&d).expect("log dir");
+    d
+}
+
+/// Election flags for a test: its own lease, default timings unless overridden.
+fn election_args(lease: &str, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![format!("--leader-elect-resource-name={lease}"), "--leader-elect-resource-namespace=kube-system".to_string()];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn spawn(name: &str, args: &[String]) -> Result<Pilothouse> {
+    Pilothouse::spawn(&unique(name), &cluster().kubeconfig, &log_dir(), args)
+}
+
+async fn holder(lease: &str) -> Result<Option<String>> {
+    let api: Api<Lease> = Api::namespaced(cluster().client().await?, "kube-system");
+    Ok(api.get_opt(lease).await?.and_then(|l| l.spec).and_then(|s| s.holder_identity).filter(|h| !h.is_empty()))
+}
+
+async fn wait_holder(lease: &str, not: Option<&str>, timeout: Duration) -> Result<String> {
+    wait::until(&format!("a holder of lease {lease} other than {not:?}"), timeout, Duration::from_millis(100), || async {
+        Ok(holder(lease).await?.filter(|h| Some(h.as_str()) != not))
+    })
+    .await
+}
+
+async fn master_status(p: &Pilothouse, lease: &str) -> Result<f64> {
+    p.metric(&format!("leader_election_master_status{{name=\"{lease}\"}}")).await?.context("no leader_election_master_status sample")
+}
+
+/// Which of two replicas holds `lease` (by the identity each logged).
+async fn leader_and_standby(a: Pilothouse, b: Pilothouse, lease: &str) -> Result<(Pilothouse, Pilothouse, String)> {
+    let id = wait_holder(lease, None, Duration::from_secs(30)).await?;
+    a.wait_log("attempting to acquire leader lease", Duration::from_secs(10)).await?;
+    b.wait_log("attempting to acquire leader lease", Duration::from_secs(10)).await?;
+    if a.log_text().contains(&id) {
+        Ok((a, b, id))
+    } else if b.log_text().contains(&id) {
+        Ok((b, a, id))
+    } else {
+        bail!("lease holder {id} is neither replica")
+    }
+}
+
+/// (a) Two replicas: exactly one holds the Lease and acts; the other stays a warm standby.
+async fn election_two_replicas_one_leads() -> Result<()> {
+    let lease = unique("ph-a");
+    let a = spawn("a-1", &election_args(&lease, &[]))?;
+    let b = spawn("a-2", &election_args(&lease, &[]))?;
+    let (leader, standby, id) = leader_and_standby(a, b, &lease).await?;
+    leader.wait_log("leading; waiting for caches to sync", Duration::from_secs(10)).await?;
+    // Hold for a few renewals: no flapping, the standby never acts.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    ensure!(holder(&lease).await?.as_deref() == Some(id.as_str()), "lease changed hands without a failure");
+    ensure!(master_status(&leader, &lease).await? == 1.0, "leader does not report master status 1");
+    ensure!(master_status(&standby, &lease).await? == 0.0, "standby reports master status 1");
+    ensure!(!standby.log_text().contains("leading; waiting for caches"), "standby started acting:\n{}", standby.log_tail(20));
+    // Both are Ready (caches warm) and healthy.
+    for p in [&leader, &standby] {
+        ensure!(p.http_get("/readyz").await?.0 == 200, "{} not ready", p.name);
+        ensure!(p.http_get("/healthz").await?.0 == 200, "{} not healthy", p.name);
+    }
+    Ok(())
+}
+
+/// (b) SIGKILL the leader: the standby leads within lease duration + one jittered retry period.
+async fn election_sigkill_failover() -> Result<()> {
+    let lease = unique("ph-b");
+    let a = spawn("b-1", &election_args(&lease, &[]))?;
+    let b = spawn("b-2", &election_args(&lease, &[]))?;
+    let (mut leader, standby, id) = leader_and_standby(a, b, &lease).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t0 = Instant::now();
+    leader.sigkill()?;
+    leader.wait_exit(Duration::from_secs(5)).await?;
+    let new = wait_holder(&lease, Some(&id), Duration::from_secs(30)).await?;
+    let took = t0.elapsed();
+    println!("MEASURE crash failover: {:.2}s", took.as_secs_f64());
+    ensure!(standby.log_text().contains(&new), "new holder {new} is not the standby");
+    // 15 s lease + 2 s * (1 + 1.2) jittered retry = 19.4 s, plus 0.1 s of polling here.
+    ensure!(took <= Duration::from_millis(19_500), "standby took {took:?} to lead");
+    // It must not steal a lease that had not expired: the last renewal was at most 2 s before
+    // the kill, and the standby saw it at most one retry (≤4.4 s) later.
+    ensure!(took >= Duration::from_secs(9), "standby acquired after only {took:?}: before the lease expired");
+    standby.wait_log("leading; waiting for caches to sync", Duration::from_secs(5)).await?;
+    Ok(())
+}
+
+/// (c) SIGTERM the leader: it drains (≤ 2 s), releases the Lease, exits 0; the standby leads
+/// within one jittered retry period after the release (≤ 5 s in all).
+async fn election_sigterm_release() -> Result<()> {
+    let lease = unique("ph-c");
+    let a = spawn("c-1", &election_args(&lease, &[]))?;
+    let b = spawn("c-2", &election_args(&lease, &[]))?;
+    let (mut leader, standby, id) = leader_and_standby(a, b, &lease).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t0 = Instant::now();
+    leader.sigterm()?;
+    let status = leader.wait_exit(Duration::from_secs(5)).await?;
+    let exited = t0.elapsed();
+    ensure!(status.success(), "graceful stop exited with {status}; log:\n{}", leader.log_tail(20));
+    ensure!(leader.log_text().contains("released leader lease"), "no release logged:\n{}", leader.log_tail(20));
+    let new = wait_holder(&lease, Some(&id), Duration::from_secs(10)).await?;
+    let took = t0.elapsed();
+    println!("MEASURE graceful failover: {:.2}s (leader exited after {:.2}s)", took.as_secs_f64(), exited.as_secs_f64());
+    ensure!(standby.log_text().contains(&new), "new holder {new} is not the standby");
+    ensure!(exited <= Duration::from_millis(2_500), "drain and release took {exited:?}");
+    ensure!(took <= Duration::from_secs(5), "standby took {took:?} after SIGTERM to lead");
+    Ok(())
+}
+
+/// (d) The leader's connection to the API server is cut: it stops acting before its renew
+/// deadline passes and exits non-zero; the standby takes over.
+async fn election_partition_steps_down() -> Result<()> {
+    let lease = unique("ph-d");
+    let proxy = Proxy::start(cluster().apiserver_port()?).await?;
+    let via_proxy = cluster().kubeconfig_via(proxy.port, &unique("proxied"))?;
+    // The proxied replica starts first so it is the leader.
+    let mut leader = Pilothouse::spawn(&unique("d-1"), &via_proxy, &log_dir(), &election_args(&lease, &[]))?;
+    let id = wait_holder(&lease, None, Duration::from_secs(30)).await?;
+    ensure!(leader.log_text().contains(&id), "the proxied replica did not lead");
+    let standby = spawn("d-2", &election_args(&lease, &[]))?;
+    standby.wait_log("attempting to acquire leader lease", Duration::from_secs(10)).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let t0 = Instant::now();
+    proxy.cut();
+    // Renew deadline is 10 s from the start of the last successful renewal (≤ 2 s before the
+    // cut): by t0 + 10 s the leader must no longer claim leadership.
+    let status = leader.wait_exit(Duration::from_secs(15)).await?;
+    let exited = t0.elapsed();
+    ensure!(!status.success(), "partitioned leader exited with success");
+    ensure!(leader.log_text().contains("leader election lost"), "no step-down logged:\n{}", leader.log_tail(20));
+    let lost_line = leader.log_text().lines().find(|l| l.contains("leader election lost")).unwrap_or_default().to_string();
+    let new = wait_holder(&lease, Some(&id), Duration::from_secs(30)).await?;
+    let took = t0.elapsed();
+    println!(
+        "MEASURE partition: leader exited {:.2}s after the cut, standby led {:.2}s after it",
+        exited.as_secs_f64(),
+        took.as_secs_f64()
+    );
+    ensure!(standby.log_text().contains(&new), "new holder {new} is not the standby");
+    // Exit = step-down at the deadline (≤ 10 s) + drain (≤ 2 s).
+    ensure!(exited <= Duration::from_secs(12), "leader took {exited:?} to exit: {lost_line}");
+    ensure!(exited < took, "standby led before the partitioned leader stopped");
+    Ok(())
+}
+
+/// (e, as far as it can go before the first controller lands) `--controllers` validation: an
+/// unknown name and a planned controller are start-up errors naming the valid ones; with nothing
+/// built, `*` runs no controller and opens no watch.
+async fn controllers_flag() -> Result<()> {
+    let lease = unique("ph-e");
+    let mut bad = spawn("e-unknown", &election_args(&lease, &["--controllers=*,jobs"]))?;
+    let status = bad.wait_exit(Duration::from_secs(10)).await?;
+    ensure!(status.code() == Some(2), "unknown controller exited with {status}");
+    let log = bad.log_text();
+    ensure!(log.contains("\"jobs\" is not in the list of known controllers") && log.contains("job-controller, cronjob-controller"), "{log}");
+
+    let mut planned = spawn("e-planned", &election_args(&lease, &["--controllers=job"]))?;
+    let status = planned.wait_exit(Duration::from_secs(10)).await?;
+    ensure!(status.code() == Some(2), "planned controller exited with {status}");
+    ensure!(planned.log_text().contains("\"job\" is planned but not built yet"), "{}", planned.log_text());
+
+    let mut ok = spawn("e-star", &election_args(&lease, &["--controllers=*,-job-controller"]))?;
+    ok.wait_log("leading; waiting for caches to sync", Duration::from_secs(30)).await?;
+    ensure!(ok.running(), "exited: {}", ok.log_tail(20));
+    ensure!(ok.log_text().contains("enabled=[]"), "controllers enabled with none built:\n{}", ok.log_tail(20));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events = audit::read(&cluster().audit_log())?;
+    let watched = audit::watched_resources(&events, "pilothouse/");
+    ensure!(watched.is_empty(), "pilothouse watched {watched:?} with no controller enabled");
+    // The election client did reach the API server under its own user agent.
+    ensure!(
+        events.iter().any(|e| e.user_agent.contains("pilothouse/leader-election") && e.object_ref.as_ref().is_some_and(|o| o.name == lease)),
+        "no lease request from the leader-election client in the audit log"
+    );
+    Ok(())
+}
+
+/// Health and metrics endpoints, and `--leader-elect=false`.
+async fn health_metrics_and_no_election() -> Result<()> {
+    let lease = unique("ph-h");
+    let p = spawn("h-1", &election_args(&lease, &["--leader-elect=false"]))?;
+    p.wait_log("leading; waiting for caches to sync", Duration::from_secs(30)).await?;
+    ensure!(p.http_get("/healthz").await? == (200, "ok\n".to_string()));
+    ensure!(p.http_get("/readyz").await?.0 == 200);
+    let (code, body) = p.http_get("/metrics").await?;
+    ensure!(code == 200 && body.ends_with("# EOF\n"), "metrics: {code} {body}");
+    ensure!(holder(&lease).await?.is_none(), "--leader-elect=false touched the lease");
+    let q = spawn("h-2", &election_args(&lease, &[]))?;
+    wait_holder(&lease, None, Duration::from_secs(30)).await?;
+    // Created (POST), then renewed (PUT) every retry period, each counted by verb and code.
+    let body = wait::until("a counted lease renewal", Duration::from_secs(10), Duration::from_millis(200), || async {
+        let body = q.http_get("/metrics").await?.1;
+        Ok(body.contains("rest_client_requests_total{code=\"200\",method=\"PUT\"").then_some(body))
+    })
+    .await?;
+    ensure!(body.contains("rest_client_requests_total{code=\"201\",method=\"POST\""), "no create counted:\n{body}");
+    ensure!(body.contains(&format!("leader_election_master_status{{name=\"{lease}\"}} 1")), "{body}");
+    Ok(())
+}
+
+/// The kwok stages the other suites rely on: pods run with IPs, exit with a chosen code on
+/// demand, and a deleted pod runs out its grace period, ends with 143, and stays while a
+/// finalizer holds it.
+async fn kwok_pod_lifecycle() -> Result<()> {
+    let ns = cluster().namespace("kwok").await?;
+    let pods: Api<Pod> = Api::namespaced(cluster().client().await?, &ns);
+    let pod = |name: &str, annotations: serde_json::Value, finalizers: serde_json::Value| -> Result<Pod> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "annotations": annotations, "finalizers": finalizers},
+            "spec": {
+                "terminationGracePeriodSeconds": 2,
+                "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+                "containers": [{"name": "c", "image": "busybox"}]
+            }
+        }))?)
+    };
+    // The namespace's default ServiceAccount appears asynchronously (kcm's serviceaccount controller).
+    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(cluster().client().await?, &ns);
+    wait::until("default service account", Duration::from_secs(30), Duration::from_millis(200), || async { Ok(sa.get_opt("default").await?) }).await?;
+    pods.create(&PostParams::default(), &pod("exit", serde_json::json!({"pilothouse.test/exit-code": "7", "pilothouse.test/run-for": "1s"}), serde_json::json!([]))?).await?;
+    pods.create(&PostParams::default(), &pod("held", serde_json::json!({}), serde_json::json!(["pilothouse.test/hold"]))?).await?;
+    let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+    let running = wait::until("held pod running with an IP", Duration::from_secs(30), Duration::from_millis(200), || async {
+        let p = pods.get("held").await?;
+        Ok((phase(&p) == "Running" && p.status.as_ref().and_then(|s| s.pod_ip.clone()).is_some()).then_some(p))
+    })
+    .await?;
+    ensure!(running.spec.as_ref().and_then(|s| s.node_name.clone()).is_some_and(|n| n.starts_with("kwok-node-")));
+    let exit_code = |p: &Pod| {
+        p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.first().cloned()).and_then(|c| c.state).and_then(|s| s.terminated).map(|t| t.exit_code)
+    };
+    let failed = wait::until("exit pod failed", Duration::from_secs(30), Duration::from_millis(200), || async {
+        let p = pods.get("exit").await?;
+        Ok((phase(&p) == "Failed").then_some(p))
+    })
+    .await?;
+    ensure!(exit_code(&failed) == Some(7), "exit code {:?}", exit_code(&failed));
+
+    let t0 = Instant::now();
+    pods.delete("held", &DeleteParams::default()).await?;
+    let terminated = wait::until("held pod terminated", Duration::from_secs(30), Duration::from_millis(100), || async {
+        let p = pods.get("held").await?;
+        Ok((phase(&p) == "Failed").then_some(p))
+    })
+    .await?;
+    ensure!(t0.elapsed() >= Duration::from_millis(1000), "terminated before its grace period: {:?}", t0.elapsed());
+    ensure!(exit_code(&terminated) == Some(143));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(pods.get_opt("held").await?.is_some(), "pod vanished while its finalizer was still set");
+    pods.patch("held", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}))).await?;
+    wait::until("held pod gone", Duration::from_secs(30), Duration::from_millis(200), || async {
+        Ok(pods.get_opt("held").await?.is_none().then_some(()))
+    })
+    .await?;
+    cluster().delete_namespace(&ns).await?;
+    Ok(())
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // Real-clock tests mostly wait: run them side by side.
+    args.test_threads.get_or_insert(8);
+    let trials = vec![
+        trial("election_two_replicas_one_leads", election_two_replicas_one_leads),
+        trial("election_sigkill_failover", election_sigkill_failover),
+        trial("election_sigterm_release", election_sigterm_release),
+        trial("election_partition_steps_down", election_partition_steps_down),
+        trial("controllers_flag", controllers_flag),
+        trial("health_metrics_and_no_election", health_metrics_and_no_election),
+        trial("kwok_pod_lifecycle", kwok_pod_lifecycle),
+    ];
+    let listing = args.list;
+    if !listing {
+        match Cluster::up(&format!("manager-{}", std::process::id()), ClusterOptions::default()) {
+            Ok(c) => {
+                let _ = CLUSTER.set(c);
+            }
+            Err(e) => {
+                eprintln!("could not start the local control plane: {e:#}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Some(c) = CLUSTER.get() {
+        // OnceLock never drops: stop it explicitly, keeping the logs of a failed run.
+        let script = pilothouse_tests::repo_root().join("tests/cluster/down");
+        let mut down = std::process::Command::new(script);
+        down.arg("--dir").arg(&c.dir);
+        if conclusion.has_failed() {
+            down.arg("--keep-dir");
+            eprintln!("control plane and pilothouse logs kept in {}", c.dir.display());
+        }
+        let _ = down.status();
+    }
+    conclusion.exit();
+}

@@ -1,0 +1,123 @@
+//! A local control plane started by `tests/cluster/up` and stopped by `tests/cluster/down` when
+//! the fixture is dropped (or explicitly with [`Cluster::down`]).
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub reference: bool,
+    stopped: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub reference: bool,
+    pub nodes: u32,
+    pub zones: u32,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions { reference: false, nodes: 3, zones: 3 }
+    }
+}
+
+impl Cluster {
+    /// Starts (or reuses, if already up in that dir) a control plane in a temp dir named `name`.
+    /// Fails with the build command if the control plane binaries cannot be built.
+    pub fn up(name: &str, opts: ClusterOptions) -> Result<Cluster> {
+        let dir = std::env::temp_dir().join(format!("pilothouse-e2e-{name}"));
+        let script = crate::repo_root().join("tests/cluster/up");
+        let mut cmd = Command::new(&script);
+        cmd.arg("--dir").arg(&dir).arg(format!("--nodes={}", opts.nodes)).arg(format!("--zones={}", opts.zones));
+        if opts.reference {
+            cmd.arg("--reference");
+        }
+        let out = cmd.output().with_context(|| format!("running {}", script.display()))?;
+        if !out.status.success() {
+            bail!(
+                "tests/cluster/up failed ({}). Build and start it by hand to see why: {} --dir {}\n{}",
+                out.status,
+                script.display(),
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.lines().last().unwrap_or_default();
+        let kubeconfig = last
+            .strip_prefix("KUBECONFIG=")
+            .with_context(|| format!("tests/cluster/up printed no KUBECONFIG line: {stdout}"))?;
+        Ok(Cluster { dir, kubeconfig: PathBuf::from(kubeconfig), reference: opts.reference, stopped: false })
+    }
+
+    pub async fn client(&self) -> Result<Client> {
+        client_for(&self.kubeconfig).await
+    }
+
+    /// The API server's port.
+    pub fn apiserver_port(&self) -> Result<u16> {
+        let p = std::fs::read_to_string(self.dir.join("ports/apiserver"))?;
+        Ok(p.trim().parse()?)
+    }
+
+    /// A copy of the admin kubeconfig pointing at `127.0.0.1:port` (e.g. a proxy).
+    pub fn kubeconfig_via(&self, port: u16, name: &str) -> Result<PathBuf> {
+        let text = std::fs::read_to_string(&self.kubeconfig)?;
+        let api = self.apiserver_port()?;
+        let text = text.replace(&format!("https://127.0.0.1:{api}"), &format!("https://127.0.0.1:{port}"));
+        let path = self.dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
+
+    /// Creates a namespace for one test; delete it with [`Cluster::delete_namespace`].
+    pub async fn namespace(&self, prefix: &str) -> Result<String> {
+        let name = crate::unique(prefix);
+        let api: Api<Namespace> = Api::all(self.client().await?);
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() },
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &ns).await?;
+        Ok(name)
+    }
+
+    pub async fn delete_namespace(&self, name: &str) -> Result<()> {
+        let api: Api<Namespace> = Api::all(self.client().await?);
+        api.delete(name, &DeleteParams::default()).await?;
+        Ok(())
+    }
+
+    pub fn down(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        let script = crate::repo_root().join("tests/cluster/down");
+        let _ = Command::new(script).arg("--dir").arg(&self.dir).status();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+pub async fn client_for(kubeconfig: &Path) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}

@@ -1,0 +1,161 @@
+//! A real `pilothouse` binary as a child process, its log in a file.
+
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// The `pilothouse` binary the tests run: `$PILOTHOUSE_BIN`, else the workspace's debug build.
+pub fn binary() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("PILOTHOUSE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| crate::repo_root().join("target"));
+    let p = target.join("debug/pilothouse");
+    if !p.exists() {
+        bail!("{} is missing: build it with `cargo build -p pilothouse` (the README's test command does)", p.display());
+    }
+    Ok(p)
+}
+
+pub struct Pilothouse {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl Pilothouse {
+    /// Starts `pilothouse --kubeconfig=<kubeconfig> <args>`, logging to `<log_dir>/<name>.log`.
+    /// Health and metrics bind to a free loopback port unless `args` say otherwise.
+    pub fn spawn(name: &str, kubeconfig: &Path, log_dir: &Path, args: &[String]) -> Result<Pilothouse> {
+        let log = log_dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(binary()?);
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()));
+        if !args.iter().any(|a| a.starts_with("--metrics-bind-address")) {
+            cmd.arg("--metrics-bind-address=127.0.0.1:0");
+        }
+        cmd.args(args).stdout(file.try_clone()?).stderr(file).kill_on_drop(true);
+        let child = cmd.spawn().context("spawning pilothouse")?;
+        Ok(Pilothouse { name: name.to_string(), child, log, exited: None })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Waits until the log contains `needle`.
+    pub async fn wait_log(&self, needle: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.log_text().contains(needle) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{}: no {needle:?} in the log within {timeout:?}; log tail:\n{}", self.name, self.log_tail(40));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The health/metrics address, read from the start-up log line.
+    pub async fn metrics_addr(&self) -> Result<String> {
+        self.wait_log("serving /healthz /readyz /metrics", Duration::from_secs(30)).await?;
+        let text = self.log_text();
+        let line = text.lines().find(|l| l.contains("serving /healthz /readyz /metrics")).unwrap_or_default();
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("address="))
+            .with_context(|| format!("no address in {line:?}"))?;
+        Ok(addr.trim_matches('"').to_string())
+    }
+
+    /// GETs `path` from the health server: (status, body).
+    pub async fn http_get(&self, path: &str) -> Result<(u16, String)> {
+        let addr = self.metrics_addr().await?;
+        http_get(&addr, path).await
+    }
+
+    /// The value of a metric sample line starting with `series` (e.g. `foo{name="x"}`).
+    pub async fn metric(&self, series: &str) -> Result<Option<f64>> {
+        let (_, body) = self.http_get("/metrics").await?;
+        Ok(body
+            .lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok()))
+    }
+
+    pub fn signal(&self, sig: i32) -> Result<()> {
+        let pid = self.pid().context("process already reaped")?;
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        let rc = unsafe { libc::kill(pid as i32, sig) };
+        if rc != 0 {
+            bail!("kill({pid}, {sig}) failed: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    pub fn sigkill(&self) -> Result<()> {
+        self.signal(libc::SIGKILL)
+    }
+
+    pub fn sigterm(&self) -> Result<()> {
+        self.signal(libc::SIGTERM)
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        if let Some(s) = self.exited {
+            return Ok(s);
+        }
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(s) => {
+                let s = s?;
+                self.exited = Some(s);
+                Ok(s)
+            }
+            Err(_) => bail!("{} did not exit within {timeout:?}; log tail:\n{}", self.name, self.log_tail(40)),
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        if self.exited.is_some() {
+            return false;
+        }
+        match self.child.try_wait() {
+            Ok(Some(s)) => {
+                self.exited = Some(s);
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET over a fresh connection (health endpoints are plain HTTP on loopback).
+pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await??;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status")?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
