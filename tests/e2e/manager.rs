@@ -296,6 +296,40 @@ async fn kwok_pod_lifecycle() -> Result<()> {
     Ok(())
 }
 
+/// The in-test webhook: rejects chosen requests a set number of times, delays others, and sees
+/// who asked.
+async fn webhook_rejects_then_allows_and_delays() -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use pilothouse_tests::webhook::{Match, Webhook};
+    let ns = cluster().namespace("hook").await?;
+    let client = cluster().client().await?;
+    let hook = Webhook::start(client.clone(), &ns, &["configmaps"], &["CREATE", "UPDATE"]).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+    let cm = |name: &str| -> Result<ConfigMap> { Ok(serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?) };
+    hook.reject(Match { resource: Some("configmaps".into()), operation: Some("CREATE".into()), name: Some("r".into()), ..Default::default() }, 2, "no, not yet");
+    for attempt in 0..2 {
+        match cms.create(&PostParams::default(), &cm("r")?).await {
+            Err(kube::Error::Api(e)) => ensure!(e.message.contains("no, not yet") && e.code == 403, "attempt {attempt}: {e:?}"),
+            other => bail!("attempt {attempt} was not rejected: {other:?}"),
+        }
+    }
+    cms.create(&PostParams::default(), &cm("r")?).await.context("third create")?;
+    hook.delay(Match { resource: Some("configmaps".into()), operation: Some("UPDATE".into()), ..Default::default() }, Duration::from_millis(1500));
+    let t0 = Instant::now();
+    cms.patch("r", &PatchParams::default(), &Patch::Merge(serde_json::json!({"data": {"k": "v"}}))).await?;
+    ensure!(t0.elapsed() >= Duration::from_millis(1500), "update not delayed: {:?}", t0.elapsed());
+    let seen = hook.seen();
+    let verdicts: Vec<(String, bool)> = seen.iter().filter(|s| s.name == "r").map(|s| (s.operation.clone(), s.allowed)).collect();
+    ensure!(
+        verdicts == [("CREATE".to_string(), false), ("CREATE".to_string(), false), ("CREATE".to_string(), true), ("UPDATE".to_string(), true)],
+        "{verdicts:?}"
+    );
+    ensure!(seen.iter().all(|s| s.user == "pilothouse-admin"), "{seen:?}");
+    hook.remove().await?;
+    cluster().delete_namespace(&ns).await?;
+    Ok(())
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // Real-clock tests mostly wait: run them side by side.
@@ -308,6 +342,7 @@ fn main() {
         trial("controllers_flag", controllers_flag),
         trial("health_metrics_and_no_election", health_metrics_and_no_election),
         trial("kwok_pod_lifecycle", kwok_pod_lifecycle),
+        trial("webhook_rejects_then_allows_and_delays", webhook_rejects_then_allows_and_delays),
     ];
     let listing = args.list;
     if !listing {

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod pilothouse;
 pub mod proxy;
 pub mod wait;
+pub mod webhook;
 
 pub use cluster::Cluster;
 pub use pilothouse::Pilothouse;
