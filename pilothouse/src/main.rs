@@ -57,3 +57,50 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `tests/cluster/up` turns off in kube-controller-manager exactly the controllers listed in
+    /// tests/cluster/replaced-controllers: that list must be the set this binary can run.
+    #[test]
+    fn replaced_controllers_list_matches_built_controllers() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/cluster/replaced-controllers");
+        let text = std::fs::read_to_string(path).expect("tests/cluster/replaced-controllers");
+        let mut listed: Vec<&str> = text
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or_default().trim())
+            .filter(|l| !l.is_empty())
+            .collect();
+        listed.sort_unstable();
+        let mut built: Vec<&str> = catalogue().iter().filter(|r| r.info.built).map(|r| r.info.name).collect();
+        built.sort_unstable();
+        // node-maintenance-controller is ours alone: kube-controller-manager has nothing to turn off.
+        built.retain(|n| *n != "node-maintenance-controller");
+        assert_eq!(listed, built);
+    }
+
+    #[test]
+    fn catalogue_has_every_kcm_name_and_alias_once() {
+        let cat = catalogue();
+        let mut names: Vec<&str> = cat.iter().flat_map(|r| std::iter::once(r.info.name).chain(r.info.aliases.iter().copied())).collect();
+        let total = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), total, "duplicate controller name or alias");
+        for (name, alias) in [
+            ("job-controller", "job"),
+            ("cronjob-controller", "cronjob"),
+            ("statefulset-controller", "statefulset"),
+            ("endpointslice-controller", "endpointslice"),
+            ("endpointslice-mirroring-controller", "endpointslicemirroring"),
+            ("node-lifecycle-controller", "nodelifecycle"),
+        ] {
+            let r = cat.iter().find(|r| r.info.name == name).expect(name);
+            assert!(r.info.aliases.contains(&alias), "{name} lacks alias {alias}");
+        }
+        assert!(cat.iter().any(|r| r.info.name == "taint-eviction-controller"));
+        assert!(cat.iter().any(|r| r.info.name == "node-maintenance-controller"));
+    }
+}

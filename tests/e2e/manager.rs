@@ -330,6 +330,21 @@ async fn webhook_rejects_then_allows_and_delays() -> Result<()> {
     Ok(())
 }
 
+/// The API server accepts the kube-system manifests as they are (server-side dry run).
+async fn manifests_are_accepted() -> Result<()> {
+    let bin = std::process::Command::new(pilothouse_tests::repo_root().join("tests/cluster/build")).output()?;
+    let bin = String::from_utf8(bin.stdout)?.trim().to_string();
+    let out = std::process::Command::new(format!("{bin}/kubectl"))
+        .arg(format!("--kubeconfig={}", cluster().kubeconfig.display()))
+        .args(["apply", "--dry-run=server", "-f"])
+        .arg(pilothouse_tests::repo_root().join("manifests"))
+        .output()?;
+    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(text.contains("deployment.apps/pilothouse created (server dry run)"), "{text}");
+    Ok(())
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // Real-clock tests mostly wait: run them side by side.
@@ -343,6 +358,7 @@ fn main() {
         trial("health_metrics_and_no_election", health_metrics_and_no_election),
         trial("kwok_pod_lifecycle", kwok_pod_lifecycle),
         trial("webhook_rejects_then_allows_and_delays", webhook_rejects_then_allows_and_delays),
+        trial("manifests_are_accepted", manifests_are_accepted),
     ];
     let listing = args.list;
     if !listing {
