@@ -7,7 +7,11 @@ use shared::manager::{self, Exit};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "pilothouse", version, about = "Replaces kube-controller-manager's job, cronjob, statefulset, endpointslice and node controllers")]
+#[command(
+    name = "pilothouse",
+    version,
+    about = "Replaces kube-controller-manager's job, cronjob, statefulset, endpointslice and node controllers"
+)]
 struct Cli {
     #[command(flatten)]
     manager: ManagerOptions,
@@ -21,7 +25,10 @@ fn catalogue() -> Vec<Registration> {
         Registration::planned("cronjob-controller", &["cronjob"]),
         Registration::planned("statefulset-controller", &["statefulset"]),
         Registration::planned("endpointslice-controller", &["endpointslice"]),
-        Registration::planned("endpointslice-mirroring-controller", &["endpointslicemirroring"]),
+        Registration::planned(
+            "endpointslice-mirroring-controller",
+            &["endpointslicemirroring"],
+        ),
         Registration::planned("node-lifecycle-controller", &["nodelifecycle"]),
         Registration::planned("taint-eviction-controller", &[]),
         Registration::planned("node-maintenance-controller", &[]),
@@ -37,7 +44,10 @@ fn main() -> ExitCode {
     };
     let set = SetFlags::from_matches(&command, &matches);
     shared::logging::init(cli.manager.logging_format, cli.manager.verbosity);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("pilothouse: starting the async runtime: {e}");
@@ -66,7 +76,10 @@ mod tests {
     /// tests/cluster/replaced-controllers: that list must be the set this binary can run.
     #[test]
     fn replaced_controllers_list_matches_built_controllers() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/cluster/replaced-controllers");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/cluster/replaced-controllers"
+        );
         let text = std::fs::read_to_string(path).expect("tests/cluster/replaced-controllers");
         let mut listed: Vec<&str> = text
             .lines()
@@ -74,7 +87,11 @@ mod tests {
             .filter(|l| !l.is_empty())
             .collect();
         listed.sort_unstable();
-        let mut built: Vec<&str> = catalogue().iter().filter(|r| r.info.built).map(|r| r.info.name).collect();
+        let mut built: Vec<&str> = catalogue()
+            .iter()
+            .filter(|r| r.info.built)
+            .map(|r| r.info.name)
+            .collect();
         built.sort_unstable();
         // node-maintenance-controller is ours alone: kube-controller-manager has nothing to turn off.
         built.retain(|n| *n != "node-maintenance-controller");
@@ -84,7 +101,10 @@ mod tests {
     #[test]
     fn catalogue_has_every_kcm_name_and_alias_once() {
         let cat = catalogue();
-        let mut names: Vec<&str> = cat.iter().flat_map(|r| std::iter::once(r.info.name).chain(r.info.aliases.iter().copied())).collect();
+        let mut names: Vec<&str> = cat
+            .iter()
+            .flat_map(|r| std::iter::once(r.info.name).chain(r.info.aliases.iter().copied()))
+            .collect();
         let total = names.len();
         names.sort_unstable();
         names.dedup();
@@ -94,13 +114,25 @@ mod tests {
             ("cronjob-controller", "cronjob"),
             ("statefulset-controller", "statefulset"),
             ("endpointslice-controller", "endpointslice"),
-            ("endpointslice-mirroring-controller", "endpointslicemirroring"),
+            (
+                "endpointslice-mirroring-controller",
+                "endpointslicemirroring",
+            ),
             ("node-lifecycle-controller", "nodelifecycle"),
         ] {
             let r = cat.iter().find(|r| r.info.name == name).expect(name);
-            assert!(r.info.aliases.contains(&alias), "{name} lacks alias {alias}");
+            assert!(
+                r.info.aliases.contains(&alias),
+                "{name} lacks alias {alias}"
+            );
         }
-        assert!(cat.iter().any(|r| r.info.name == "taint-eviction-controller"));
-        assert!(cat.iter().any(|r| r.info.name == "node-maintenance-controller"));
+        assert!(
+            cat.iter()
+                .any(|r| r.info.name == "taint-eviction-controller")
+        );
+        assert!(
+            cat.iter()
+                .any(|r| r.info.name == "node-maintenance-controller")
+        );
     }
 }

@@ -52,7 +52,11 @@ pub fn user_agent(controller: &str) -> String {
 
 /// Builds a client for `spec` from a base configuration.
 pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Client, kube::Error> {
-    let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let layer = ControllerLayer {
         shared: Arc::new(Shared {
             bucket: TokenBucket::new(f64::from(spec.qps), spec.burst),
@@ -64,7 +68,9 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
             fence: spec.fence,
         }),
     };
-    Ok(ClientBuilder::try_from(config.clone())?.with_layer(&layer).build())
+    Ok(ClientBuilder::try_from(config.clone())?
+        .with_layer(&layer)
+        .build())
 }
 
 struct Shared {
@@ -84,7 +90,10 @@ pub struct ControllerLayer {
 impl<S> Layer<S> for ControllerLayer {
     type Service = ControllerService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        ControllerService { inner, shared: Arc::clone(&self.shared) }
+        ControllerService {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
     }
 }
 
@@ -119,7 +128,8 @@ where
             let path = req.uri().path().to_string();
             return Box::pin(async move { Err(Box::new(NotLeading { method, path }) as BoxError) });
         }
-        req.headers_mut().insert(http::header::USER_AGENT, shared.user_agent.clone());
+        req.headers_mut()
+            .insert(http::header::USER_AGENT, shared.user_agent.clone());
         let delay = shared.bucket.reserve();
         // Futures are lazy: nothing is sent before the throttle delay has passed.
         let fut = self.inner.call(req);
@@ -130,7 +140,9 @@ where
                 shared
                     .metrics
                     .rate_limiter_wait
-                    .get_or_create(&crate::metrics::NameLabel { name: shared.controller.clone() })
+                    .get_or_create(&crate::metrics::NameLabel {
+                        name: shared.controller.clone(),
+                    })
                     .observe(t.elapsed().as_secs_f64());
             }
             let res = fut.await.map_err(Into::into);

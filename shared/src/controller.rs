@@ -49,11 +49,32 @@ pub struct Registration {
 
 impl Registration {
     pub fn planned(name: &'static str, aliases: &'static [&'static str]) -> Self {
-        Registration { info: ControllerInfo { name, aliases, built: false, on_by_default: true }, init: None }
+        Registration {
+            info: ControllerInfo {
+                name,
+                aliases,
+                built: false,
+                on_by_default: true,
+            },
+            init: None,
+        }
     }
 
-    pub fn built(name: &'static str, aliases: &'static [&'static str], on_by_default: bool, init: InitFn) -> Self {
-        Registration { info: ControllerInfo { name, aliases, built: true, on_by_default }, init: Some(init) }
+    pub fn built(
+        name: &'static str,
+        aliases: &'static [&'static str],
+        on_by_default: bool,
+        init: InitFn,
+    ) -> Self {
+        Registration {
+            info: ControllerInfo {
+                name,
+                aliases,
+                built: true,
+                on_by_default,
+            },
+            init: Some(init),
+        }
     }
 }
 
@@ -72,7 +93,12 @@ impl SetupFactory {
     pub fn setup(&self, name: &'static str) -> Result<Setup, InitError> {
         let client = client::build(
             &self.config,
-            ClientSpec { controller: name.to_string(), qps: self.qps, burst: self.burst, fence: self.fence.clone() },
+            ClientSpec {
+                controller: name.to_string(),
+                qps: self.qps,
+                burst: self.burst,
+                fence: self.fence.clone(),
+            },
             &self.metrics,
         )?;
         Ok(Setup {

@@ -17,8 +17,8 @@ use crate::metrics::{Metrics, NameLabel};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
 use kube::Client;
+use kube::api::{Api, PostParams};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::{Arc, Mutex};
@@ -53,13 +53,19 @@ impl ElectionConfig {
     pub fn validate(&self) -> Result<(), ElectionError> {
         let jittered = self.retry_period.mul_f64(JITTER_FACTOR);
         if self.lease_duration <= self.renew_deadline {
-            return Err(ElectionError::Config("leaseDuration must be greater than renewDeadline".into()));
+            return Err(ElectionError::Config(
+                "leaseDuration must be greater than renewDeadline".into(),
+            ));
         }
         if self.renew_deadline <= jittered {
-            return Err(ElectionError::Config("renewDeadline must be greater than retryPeriod*JitterFactor".into()));
+            return Err(ElectionError::Config(
+                "renewDeadline must be greater than retryPeriod*JitterFactor".into(),
+            ));
         }
         if self.retry_period.is_zero() {
-            return Err(ElectionError::Config("retryPeriod must be greater than zero".into()));
+            return Err(ElectionError::Config(
+                "retryPeriod must be greater than zero".into(),
+            ));
         }
         if self.identity.is_empty() {
             return Err(ElectionError::Config("identity must not be empty".into()));
@@ -91,7 +97,9 @@ struct Record {
 
 impl Record {
     fn from_spec(spec: Option<&LeaseSpec>) -> Record {
-        let Some(s) = spec else { return Record::default() };
+        let Some(s) = spec else {
+            return Record::default();
+        };
         Record {
             holder: s.holder_identity.clone().unwrap_or_default(),
             duration_seconds: s.lease_duration_seconds.unwrap_or(0),
@@ -142,7 +150,11 @@ pub struct LeaderElector {
 }
 
 impl LeaderElector {
-    pub fn new(client: Client, config: ElectionConfig, metrics: &Metrics) -> Result<Arc<Self>, ElectionError> {
+    pub fn new(
+        client: Client,
+        config: ElectionConfig,
+        metrics: &Metrics,
+    ) -> Result<Arc<Self>, ElectionError> {
         config.validate()?;
         let status = Family::<NameLabel, Gauge>::default();
         metrics.register(
@@ -172,7 +184,11 @@ impl LeaderElector {
 
     fn set_leading(&self, leading: bool) {
         self.lock().leading = leading;
-        self.status.get_or_create(&NameLabel { name: self.config.name.clone() }).set(i64::from(leading));
+        self.status
+            .get_or_create(&NameLabel {
+                name: self.config.name.clone(),
+            })
+            .set(i64::from(leading));
         self.leading_tx.send_replace(leading);
     }
 
@@ -193,7 +209,8 @@ impl LeaderElector {
         if !s.leading {
             return true;
         }
-        s.renewed_at.is_some_and(|t| t.elapsed() <= self.config.lease_duration + HEALTHZ_TOLERANCE)
+        s.renewed_at
+            .is_some_and(|t| t.elapsed() <= self.config.lease_duration + HEALTHZ_TOLERANCE)
     }
 
     fn observe(&self, s: &mut State, lease: Lease, now: Instant) {
@@ -215,22 +232,34 @@ impl LeaderElector {
         // Fast path: we lead and our view of the lease is still valid, so update without a GET.
         let fast = {
             let s = self.lock();
-            let valid = s.observed_at.is_some_and(|t| now < t + self.config.lease_duration);
-            if s.leading && valid && s.observed.holder == me { s.lease.clone() } else { None }
+            let valid = s
+                .observed_at
+                .is_some_and(|t| now < t + self.config.lease_duration);
+            if s.leading && valid && s.observed.holder == me {
+                s.lease.clone()
+            } else {
+                None
+            }
         };
         if let Some(mut lease) = fast {
             let mut record = self.lock().observed.clone();
             record.renew = Some(wall);
             record.duration_seconds = duration_seconds;
             record.write_into(lease.spec.get_or_insert_with(Default::default));
-            match self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
+            match self
+                .api
+                .replace(&self.config.name, &PostParams::default(), &lease)
+                .await
+            {
                 Ok(updated) => {
                     let mut s = self.lock();
                     self.observe(&mut s, updated, now);
                     s.renewed_at = Some(now);
                     return true;
                 }
-                Err(e) => tracing::info!(error = %e, "lease renewal failed on the fast path; re-reading the lease"),
+                Err(e) => {
+                    tracing::info!(error = %e, "lease renewal failed on the fast path; re-reading the lease")
+                }
             }
         }
 
@@ -299,7 +328,11 @@ impl LeaderElector {
         let mut lease = current;
         record.write_into(lease.spec.get_or_insert_with(Default::default));
         // `replace` carries metadata.resourceVersion from the GET: a concurrent writer gets 409.
-        match self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(updated) => {
                 let mut s = self.lock();
                 self.observe(&mut s, updated, now);
@@ -317,7 +350,8 @@ impl LeaderElector {
     pub async fn run(&self, stop: CancellationToken) -> Ended {
         tracing::info!(identity = %self.config.identity, lease = %format!("{}/{}", self.config.namespace, self.config.name), "attempting to acquire leader lease");
         loop {
-            let attempt = tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew());
+            let attempt =
+                tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew());
             let acquired = tokio::select! {
                 _ = stop.cancelled() => return Ended::Stopped,
                 r = attempt => r.unwrap_or(false),
@@ -351,7 +385,9 @@ impl LeaderElector {
     }
 
     async fn renew_within_deadline(&self, stop: &CancellationToken) -> bool {
-        let Some(last) = self.lock().renewed_at else { return false };
+        let Some(last) = self.lock().renewed_at else {
+            return false;
+        };
         let deadline = last + self.config.renew_deadline;
         loop {
             let now = Instant::now();
@@ -392,7 +428,13 @@ impl LeaderElector {
         };
         record.write_into(lease.spec.get_or_insert_with(Default::default));
         self.set_leading(false);
-        match tokio::time::timeout(self.config.retry_period, self.api.replace(&self.config.name, &PostParams::default(), &lease)).await {
+        match tokio::time::timeout(
+            self.config.retry_period,
+            self.api
+                .replace(&self.config.name, &PostParams::default(), &lease),
+        )
+        .await
+        {
             Ok(Ok(_)) => {
                 tracing::info!(identity = %self.config.identity, "released leader lease");
                 true
@@ -413,7 +455,9 @@ impl WriteFence for LeaderElector {
     /// Writes are allowed only while leading and within the renew deadline of the last renewal.
     fn may_write(&self) -> bool {
         let s = self.lock();
-        s.leading && s.renewed_at.is_some_and(|t| t.elapsed() < self.config.renew_deadline)
+        s.leading
+            && s.renewed_at
+                .is_some_and(|t| t.elapsed() < self.config.renew_deadline)
     }
 }
 
@@ -441,7 +485,10 @@ mod tests {
     fn validation_matches_client_go() {
         assert!(cfg(15, 10, 2).validate().is_ok());
         assert!(cfg(10, 10, 2).validate().is_err());
-        assert!(cfg(15, 2, 2).validate().is_err(), "renewDeadline must exceed 1.2 * retryPeriod");
+        assert!(
+            cfg(15, 2, 2).validate().is_err(),
+            "renewDeadline must exceed 1.2 * retryPeriod"
+        );
         assert!(cfg(15, 10, 0).validate().is_err());
         let mut c = cfg(15, 10, 2);
         c.identity.clear();
@@ -452,7 +499,10 @@ mod tests {
     fn jitter_stays_in_range() {
         for _ in 0..1000 {
             let j = jitter(Duration::from_secs(2), JITTER_FACTOR);
-            assert!(j >= Duration::from_secs(2) && j <= Duration::from_millis(4400), "{j:?}");
+            assert!(
+                j >= Duration::from_secs(2) && j <= Duration::from_millis(4400),
+                "{j:?}"
+            );
         }
     }
 

@@ -3,8 +3,8 @@
 //! kube-controller-manager.
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 #[derive(Clone)]
 pub struct EventRecorder {
@@ -20,21 +20,45 @@ impl std::fmt::Debug for EventRecorder {
 impl EventRecorder {
     /// `controller` is the upstream reporting name, e.g. `job-controller`; `instance` this replica.
     pub fn new(client: Client, controller: &str, instance: &str) -> Self {
-        let reporter = Reporter { controller: controller.to_string(), instance: Some(instance.to_string()) };
-        EventRecorder { recorder: Recorder::new(client, reporter) }
+        let reporter = Reporter {
+            controller: controller.to_string(),
+            instance: Some(instance.to_string()),
+        };
+        EventRecorder {
+            recorder: Recorder::new(client, reporter),
+        }
     }
 
-    pub fn normal(&self, regarding: &ObjectReference, reason: &str, action: &str, note: impl Into<String>) {
+    pub fn normal(
+        &self,
+        regarding: &ObjectReference,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) {
         self.emit(EventType::Normal, regarding, reason, action, note.into());
     }
 
-    pub fn warning(&self, regarding: &ObjectReference, reason: &str, action: &str, note: impl Into<String>) {
+    pub fn warning(
+        &self,
+        regarding: &ObjectReference,
+        reason: &str,
+        action: &str,
+        note: impl Into<String>,
+    ) {
         self.emit(EventType::Warning, regarding, reason, action, note.into());
     }
 
     /// Fire and forget, as client-go's broadcaster: an event write never delays a sync, and a
     /// failed one is logged, not retried.
-    fn emit(&self, type_: EventType, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
+    fn emit(
+        &self,
+        type_: EventType,
+        regarding: &ObjectReference,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let recorder = self.recorder.clone();
         let regarding = regarding.clone();
         let event = Event {

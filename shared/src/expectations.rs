@@ -29,7 +29,10 @@ impl Expectations {
     }
 
     pub fn with_ttl(ttl: Duration) -> Self {
-        Expectations { records: Mutex::new(HashMap::new()), ttl: Some(ttl) }
+        Expectations {
+            records: Mutex::new(HashMap::new()),
+            ttl: Some(ttl),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Record>> {
@@ -42,15 +45,21 @@ impl Expectations {
         match self.lock().get(key) {
             None => true,
             Some(r) => {
-                (r.add <= 0 && r.del <= 0)
-                    || self.ttl.is_some_and(|ttl| r.at.elapsed() > ttl)
+                (r.add <= 0 && r.del <= 0) || self.ttl.is_some_and(|ttl| r.at.elapsed() > ttl)
             }
         }
     }
 
     /// Replaces the record for `key` (client-go `SetExpectations`).
     pub fn set(&self, key: &str, add: i64, del: i64) {
-        self.lock().insert(key.to_string(), Record { add, del, at: Instant::now() });
+        self.lock().insert(
+            key.to_string(),
+            Record {
+                add,
+                del,
+                at: Instant::now(),
+            },
+        );
     }
 
     pub fn expect_creations(&self, key: &str, n: i64) {

@@ -38,13 +38,17 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, FlagError> {
     }
     let mut total = 0f64;
     while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(err)?;
         if num_len == 0 {
             return Err(err());
         }
         let value: f64 = rest[..num_len].parse().map_err(|_| err())?;
         rest = &rest[num_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let scale = match &rest[..unit_len] {
             "ns" => 1e-9,
             "us" | "µs" | "μs" => 1e-6,
@@ -144,7 +148,9 @@ pub struct ManagerOptions {
 impl ManagerOptions {
     pub fn validate(&self) -> Result<(), FlagError> {
         if self.leader_elect_resource_lock != "leases" {
-            return Err(FlagError::ResourceLock(self.leader_elect_resource_lock.clone()));
+            return Err(FlagError::ResourceLock(
+                self.leader_elect_resource_lock.clone(),
+            ));
         }
         Ok(())
     }
@@ -196,7 +202,11 @@ pub fn resolve_controllers(
             .find(|c| c.name == raw || c.aliases.contains(&raw))
             .ok_or_else(|| FlagError::UnknownController {
                 name: raw.to_string(),
-                valid: catalogue.iter().map(|c| c.name).collect::<Vec<_>>().join(", "),
+                valid: catalogue
+                    .iter()
+                    .map(|c| c.name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
             })
     };
     // (controller, enabled) in list order; '*' marks that on-by-default ones are enabled.
@@ -231,8 +241,16 @@ pub fn resolve_controllers(
 }
 
 fn built_list(catalogue: &[ControllerInfo]) -> String {
-    let built: Vec<&str> = catalogue.iter().filter(|c| c.built).map(|c| c.name).collect();
-    if built.is_empty() { "(none yet)".to_string() } else { built.join(", ") }
+    let built: Vec<&str> = catalogue
+        .iter()
+        .filter(|c| c.built)
+        .map(|c| c.name)
+        .collect();
+    if built.is_empty() {
+        "(none yet)".to_string()
+    } else {
+        built.join(", ")
+    }
 }
 
 #[cfg(test)]
@@ -247,7 +265,9 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> (ManagerOptions, SetFlags) {
-        let matches = Cli::command().try_get_matches_from(std::iter::once("pilothouse").chain(args.iter().copied())).unwrap();
+        let matches = Cli::command()
+            .try_get_matches_from(std::iter::once("pilothouse").chain(args.iter().copied()))
+            .unwrap();
         let cli = Cli::from_arg_matches(&matches).unwrap();
         (cli.m, SetFlags::from_matches(&Cli::command(), &matches))
     }
@@ -264,12 +284,19 @@ mod tests {
             ("+5s", 5_000),
         ];
         for (s, ms) in ok {
-            assert_eq!(parse_go_duration(s).unwrap(), Duration::from_millis(ms), "{s}");
+            assert_eq!(
+                parse_go_duration(s).unwrap(),
+                Duration::from_millis(ms),
+                "{s}"
+            );
         }
         for bad in ["", "15", "s", "1x", "-5s", "1.2.3s", "5 s"] {
             assert!(parse_go_duration(bad).is_err(), "{bad:?} accepted");
         }
-        assert_eq!(parse_go_duration("1500us").unwrap(), Duration::from_micros(1500));
+        assert_eq!(
+            parse_go_duration("1500us").unwrap(),
+            Duration::from_micros(1500)
+        );
     }
 
     #[test]
@@ -290,7 +317,12 @@ mod tests {
 
     #[test]
     fn explicit_flags_are_tracked_and_bools_take_equals() {
-        let (o, set) = parse(&["--leader-elect=false", "--kube-api-qps=200", "--controllers=job,-cronjob", "-v=4"]);
+        let (o, set) = parse(&[
+            "--leader-elect=false",
+            "--kube-api-qps=200",
+            "--controllers=job,-cronjob",
+            "-v=4",
+        ]);
         assert!(!o.leader_elect);
         assert_eq!(o.kube_api_qps, 200.0);
         assert_eq!(o.controllers, vec!["job", "-cronjob"]);
@@ -299,17 +331,40 @@ mod tests {
         assert!(set.is_set("kube_api_qps"));
         assert!(set.is_set("controllers"));
         assert!(!set.is_set("kube-api-burst"));
-        assert!(!set.is_set("ManagerOptions"), "argument groups are not options");
+        assert!(
+            !set.is_set("ManagerOptions"),
+            "argument groups are not options"
+        );
         let (o, _) = parse(&["--leader-elect", "--v=2"]);
         assert!(o.leader_elect);
         assert_eq!(o.verbosity, 2);
     }
 
     const CAT: &[ControllerInfo] = &[
-        ControllerInfo { name: "job-controller", aliases: &["job"], built: true, on_by_default: true },
-        ControllerInfo { name: "cronjob-controller", aliases: &["cronjob"], built: true, on_by_default: true },
-        ControllerInfo { name: "statefulset-controller", aliases: &["statefulset"], built: false, on_by_default: true },
-        ControllerInfo { name: "extra-controller", aliases: &[], built: true, on_by_default: false },
+        ControllerInfo {
+            name: "job-controller",
+            aliases: &["job"],
+            built: true,
+            on_by_default: true,
+        },
+        ControllerInfo {
+            name: "cronjob-controller",
+            aliases: &["cronjob"],
+            built: true,
+            on_by_default: true,
+        },
+        ControllerInfo {
+            name: "statefulset-controller",
+            aliases: &["statefulset"],
+            built: false,
+            on_by_default: true,
+        },
+        ControllerInfo {
+            name: "extra-controller",
+            aliases: &[],
+            built: true,
+            on_by_default: false,
+        },
     ];
 
     fn resolve(list: &[&str]) -> Result<Vec<&'static str>, FlagError> {
@@ -319,28 +374,49 @@ mod tests {
     #[test]
     fn controllers_selection_follows_kcm_rules() {
         // '*' = every built, on-by-default controller; planned ones are not run.
-        assert_eq!(resolve(&["*"]).unwrap(), vec!["job-controller", "cronjob-controller"]);
-        assert_eq!(resolve(&["*", "-job-controller"]).unwrap(), vec!["cronjob-controller"]);
+        assert_eq!(
+            resolve(&["*"]).unwrap(),
+            vec!["job-controller", "cronjob-controller"]
+        );
+        assert_eq!(
+            resolve(&["*", "-job-controller"]).unwrap(),
+            vec!["cronjob-controller"]
+        );
         // Aliases resolve to canonical names.
         assert_eq!(resolve(&["job"]).unwrap(), vec!["job-controller"]);
         assert_eq!(resolve(&["*", "-job"]).unwrap(), vec!["cronjob-controller"]);
         // Off-by-default controllers need naming.
-        assert_eq!(resolve(&["*", "extra-controller"]).unwrap(), vec!["job-controller", "cronjob-controller", "extra-controller"]);
+        assert_eq!(
+            resolve(&["*", "extra-controller"]).unwrap(),
+            vec!["job-controller", "cronjob-controller", "extra-controller"]
+        );
         // The first explicit mention wins, as in kcm.
-        assert_eq!(resolve(&["-job", "job", "*"]).unwrap(), vec!["cronjob-controller"]);
+        assert_eq!(
+            resolve(&["-job", "job", "*"]).unwrap(),
+            vec!["cronjob-controller"]
+        );
         // Nothing without '*' or names.
         assert!(resolve(&[]).unwrap().is_empty());
         // Disabling a planned controller is harmless.
-        assert_eq!(resolve(&["*", "-statefulset"]).unwrap(), vec!["job-controller", "cronjob-controller"]);
+        assert_eq!(
+            resolve(&["*", "-statefulset"]).unwrap(),
+            vec!["job-controller", "cronjob-controller"]
+        );
     }
 
     #[test]
     fn unknown_and_planned_names_are_errors() {
         let e = resolve(&["*", "jobs"]).unwrap_err();
-        assert!(e.to_string().contains("job-controller, cronjob-controller"), "{e}");
+        assert!(
+            e.to_string().contains("job-controller, cronjob-controller"),
+            "{e}"
+        );
         assert!(matches!(e, FlagError::UnknownController { .. }));
         let e = resolve(&["statefulset"]).unwrap_err();
         assert!(matches!(e, FlagError::PlannedController { .. }), "{e}");
-        assert!(matches!(resolve(&["-bogus"]).unwrap_err(), FlagError::UnknownController { .. }));
+        assert!(matches!(
+            resolve(&["-bogus"]).unwrap_err(),
+            FlagError::UnknownController { .. }
+        ));
     }
 }

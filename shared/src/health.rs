@@ -3,11 +3,11 @@
 use crate::election::LeaderElector;
 use crate::informers::Informers;
 use crate::metrics::Metrics;
+use axum::Router;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::Router;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -20,7 +20,10 @@ pub struct Health {
 
 async fn healthz(State(h): State<Health>) -> impl IntoResponse {
     match &h.elector {
-        Some(e) if !e.healthy() => (StatusCode::INTERNAL_SERVER_ERROR, "leaderElection: lease not renewed within lease duration + 20s\n"),
+        Some(e) if !e.healthy() => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "leaderElection: lease not renewed within lease duration + 20s\n",
+        ),
         _ => (StatusCode::OK, "ok\n"),
     }
 }
@@ -31,19 +34,29 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     if unsynced.is_empty() {
         (StatusCode::OK, "ok\n".to_string())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("caches not synced: {}\n", unsynced.join(", ")))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("caches not synced: {}\n", unsynced.join(", ")),
+        )
     }
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         h.metrics.encode(),
     )
 }
 
 /// Binds `addr` and serves until `stop`. Returns the bound address (useful with port 0).
-pub async fn serve(addr: &str, health: Health, stop: CancellationToken) -> std::io::Result<std::net::SocketAddr> {
+pub async fn serve(
+    addr: &str,
+    health: Health,
+    stop: CancellationToken,
+) -> std::io::Result<std::net::SocketAddr> {
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(healthz))
@@ -53,7 +66,8 @@ pub async fn serve(addr: &str, health: Health, stop: CancellationToken) -> std::
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
+        let server = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await });
         if let Err(e) = server.await {
             tracing::error!(error = %e, "health server failed");
         }

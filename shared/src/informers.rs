@@ -9,8 +9,8 @@
 
 use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::any::{Any, TypeId};
@@ -51,7 +51,10 @@ impl<K> Watched for K where
 #[derive(Debug)]
 pub enum Change<K> {
     Added(Arc<K>),
-    Updated { old: Arc<K>, new: Arc<K> },
+    Updated {
+        old: Arc<K>,
+        new: Arc<K>,
+    },
     /// The last state seen. After a re-list this may be older than the real final state.
     Deleted(Arc<K>),
 }
@@ -116,7 +119,10 @@ impl<K: Watched> Informer<K> {
         let (synced_tx, _) = tokio_watch::channel(false);
         Informer {
             resource: K::plural(&()).into_owned(),
-            state: RwLock::new(StoreState { objects: HashMap::new(), indexes: HashMap::new() }),
+            state: RwLock::new(StoreState {
+                objects: HashMap::new(),
+                indexes: HashMap::new(),
+            }),
             handlers: RwLock::new(Vec::new()),
             synced: AtomicBool::new(false),
             synced_tx,
@@ -130,16 +136,26 @@ impl<K: Watched> Informer<K> {
 
     /// Registers a handler. Handlers must be cheap and non-blocking (map to keys, enqueue).
     pub fn on_change(&self, handler: impl Fn(&Change<K>) + Send + Sync + 'static) {
-        self.handlers.write().expect("handlers lock").push(Box::new(handler));
+        self.handlers
+            .write()
+            .expect("handlers lock")
+            .push(Box::new(handler));
     }
 
     /// Adds a named index. Adding the same name twice keeps the first (indexes are shared).
-    pub fn add_index(&self, name: &'static str, func: impl Fn(&K) -> Vec<String> + Send + Sync + 'static) {
+    pub fn add_index(
+        &self,
+        name: &'static str,
+        func: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
+    ) {
         let mut s = self.state.write().expect("store lock");
         if s.indexes.contains_key(name) {
             return;
         }
-        let mut index = Index { func: Box::new(func), entries: HashMap::new() };
+        let mut index = Index {
+            func: Box::new(func),
+            entries: HashMap::new(),
+        };
         for (key, obj) in &s.objects {
             for v in (index.func)(obj) {
                 index.entries.entry(v).or_default().insert(key.clone());
@@ -149,11 +165,22 @@ impl<K: Watched> Informer<K> {
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.state.read().expect("store lock").objects.get(key).cloned()
+        self.state
+            .read()
+            .expect("store lock")
+            .objects
+            .get(key)
+            .cloned()
     }
 
     pub fn list(&self) -> Vec<Arc<K>> {
-        self.state.read().expect("store lock").objects.values().cloned().collect()
+        self.state
+            .read()
+            .expect("store lock")
+            .objects
+            .values()
+            .cloned()
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -167,11 +194,18 @@ impl<K: Watched> Informer<K> {
     /// Objects whose index `name` yields `value`. An unknown index name is a programming error.
     pub fn by_index(&self, name: &str, value: &str) -> Vec<Arc<K>> {
         let s = self.state.read().expect("store lock");
-        let index = s.indexes.get(name).unwrap_or_else(|| panic!("no index {name:?} on {}", self.resource));
+        let index = s
+            .indexes
+            .get(name)
+            .unwrap_or_else(|| panic!("no index {name:?} on {}", self.resource));
         index
             .entries
             .get(value)
-            .map(|keys| keys.iter().filter_map(|k| s.objects.get(k).cloned()).collect())
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| s.objects.get(k).cloned())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -228,7 +262,12 @@ impl<K: Watched> Informer<K> {
         let mut changes = Vec::new();
         {
             let mut s = self.state.write().expect("store lock");
-            let gone: Vec<ObjectKey> = s.objects.keys().filter(|k| !listed.contains_key(*k)).cloned().collect();
+            let gone: Vec<ObjectKey> = s
+                .objects
+                .keys()
+                .filter(|k| !listed.contains_key(*k))
+                .cloned()
+                .collect();
             for key in gone {
                 if let Some(old) = s.objects.remove(&key) {
                     s.index_remove(&key, &old);
@@ -275,7 +314,9 @@ impl<K: Watched> Informer<K> {
                 Ok(Event::Init) => listing = Some(HashMap::new()),
                 Ok(Event::InitApply(obj)) => {
                     let obj = strip(obj);
-                    listing.get_or_insert_with(HashMap::new).insert(object_key(&obj), obj);
+                    listing
+                        .get_or_insert_with(HashMap::new)
+                        .insert(object_key(&obj), obj);
                 }
                 Ok(Event::InitDone) => {
                     let listed = listing.take().unwrap_or_default();
@@ -284,7 +325,9 @@ impl<K: Watched> Informer<K> {
                 }
                 Ok(Event::Apply(obj)) => self.apply(strip(obj)),
                 Ok(Event::Delete(obj)) => self.delete(strip(obj)),
-                Err(e) => tracing::warn!(resource = %self.resource, error = %e, "watch failed; retrying with backoff"),
+                Err(e) => {
+                    tracing::warn!(resource = %self.resource, error = %e, "watch failed; retrying with backoff")
+                }
             }
         }
     }
@@ -313,7 +356,11 @@ pub fn by_controller_uid<K: Resource>(obj: &K) -> Vec<String> {
 
 /// Index function: a pod's node.
 pub fn pod_by_node(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
-    pod.spec.as_ref().and_then(|s| s.node_name.clone()).into_iter().collect()
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .into_iter()
+        .collect()
 }
 
 pub const INDEX_NAMESPACE: &str = "namespace";
@@ -363,7 +410,12 @@ pub struct Informers {
 
 impl Informers {
     pub fn new(client: Client, stop: CancellationToken) -> Arc<Self> {
-        Arc::new(Informers { client, stop, entries: Mutex::new(Vec::new()), started: AtomicBool::new(false) })
+        Arc::new(Informers {
+            client,
+            stop,
+            entries: Mutex::new(Vec::new()),
+            started: AtomicBool::new(false),
+        })
     }
 
     /// The shared informer for `K`, created on first request. Its watch starts with
@@ -372,9 +424,15 @@ impl Informers {
         let mut entries = self.entries.lock().expect("registry lock");
         let id = TypeId::of::<K>();
         if let Some((_, e)) = entries.iter().find(|(t, _)| *t == id) {
-            return e.as_any().downcast::<Informer<K>>().expect("type id matches");
+            return e
+                .as_any()
+                .downcast::<Informer<K>>()
+                .expect("type id matches");
         }
-        let entry = Entry { informer: Arc::new(Informer::<K>::new()), started: AtomicBool::new(false) };
+        let entry = Entry {
+            informer: Arc::new(Informer::<K>::new()),
+            started: AtomicBool::new(false),
+        };
         let informer = Arc::clone(&entry.informer);
         if self.started.load(Ordering::Acquire) {
             entry.start(self.client.clone(), self.stop.clone());
@@ -393,7 +451,12 @@ impl Informers {
 
     /// The resources being watched (plural names).
     pub fn resources(&self) -> Vec<String> {
-        self.entries.lock().expect("registry lock").iter().map(|(_, e)| e.resource()).collect()
+        self.entries
+            .lock()
+            .expect("registry lock")
+            .iter()
+            .map(|(_, e)| e.resource())
+            .collect()
     }
 
     /// Resources whose first list has not completed.
@@ -416,7 +479,9 @@ impl Informers {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{Pod, PodSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, OwnerReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        ManagedFieldsEntry, ObjectMeta, OwnerReference,
+    };
 
     fn pod(name: &str, rv: &str, node: Option<&str>, owner: Option<&str>) -> Pod {
         Pod {
@@ -426,11 +491,18 @@ mod tests {
                 resource_version: Some(rv.into()),
                 managed_fields: Some(vec![ManagedFieldsEntry::default()]),
                 owner_references: owner.map(|uid| {
-                    vec![OwnerReference { uid: uid.into(), controller: Some(true), ..Default::default() }]
+                    vec![OwnerReference {
+                        uid: uid.into(),
+                        controller: Some(true),
+                        ..Default::default()
+                    }]
                 }),
                 ..Default::default()
             },
-            spec: Some(PodSpec { node_name: node.map(Into::into), ..Default::default() }),
+            spec: Some(PodSpec {
+                node_name: node.map(Into::into),
+                ..Default::default()
+            }),
             status: None,
         }
     }
@@ -442,7 +514,12 @@ mod tests {
             let s = match c {
                 Change::Added(p) => format!("add {}", p.name_any()),
                 Change::Updated { old, new } => {
-                    format!("update {} {}->{}", new.name_any(), old.resource_version().unwrap(), new.resource_version().unwrap())
+                    format!(
+                        "update {} {}->{}",
+                        new.name_any(),
+                        old.resource_version().unwrap(),
+                        new.resource_version().unwrap()
+                    )
                 }
                 Change::Deleted(p) => format!("delete {}", p.name_any()),
             };
@@ -474,7 +551,10 @@ mod tests {
         assert!(inf.by_index(INDEX_CONTROLLER_UID, "u1").is_empty());
         // Deleting an unknown object emits nothing.
         inf.delete(pod("zzz", "1", None, None));
-        assert_eq!(*log.lock().unwrap(), vec!["add a", "add b", "update a 1->2", "delete a"]);
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec!["add a", "add b", "update a 1->2", "delete a"]
+        );
     }
 
     #[test]
@@ -493,7 +573,10 @@ mod tests {
             ("ns/a".to_string(), pod("a", "1", None, None)),
             ("ns/c".to_string(), pod("c", "1", None, None)),
         ]));
-        assert!(Arc::ptr_eq(&before, &inf.get("ns/a").unwrap()), "unchanged object replaced");
+        assert!(
+            Arc::ptr_eq(&before, &inf.get("ns/a").unwrap()),
+            "unchanged object replaced"
+        );
         let mut got = log.lock().unwrap().clone();
         got[..2].sort();
         got[2..].sort();

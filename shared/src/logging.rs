@@ -17,7 +17,11 @@ pub fn init(format: LoggingFormat, verbosity: u8) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
-        LoggingFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
+        LoggingFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init(),
         LoggingFormat::Text => builder.try_init(),
     };
 }

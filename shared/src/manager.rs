@@ -14,8 +14,8 @@ use crate::health::{self, Health};
 use crate::informers::Informers;
 use crate::metrics::Metrics;
 use futures::future::join_all;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Config;
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -30,9 +30,15 @@ pub enum ManagerError {
     #[error(transparent)]
     Election(#[from] election::ElectionError),
     #[error("initialising {name}: {source}")]
-    Init { name: &'static str, source: crate::controller::InitError },
+    Init {
+        name: &'static str,
+        source: crate::controller::InitError,
+    },
     #[error("serving health and metrics on {addr}: {source}")]
-    Health { addr: String, source: std::io::Error },
+    Health {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
 }
@@ -48,15 +54,21 @@ pub enum Exit {
 
 async fn load_config(opts: &ManagerOptions) -> Result<Config, ManagerError> {
     let mut config = if opts.kubeconfig.is_empty() {
-        Config::infer().await.map_err(|e| ManagerError::Kubeconfig(e.to_string()))?
+        Config::infer()
+            .await
+            .map_err(|e| ManagerError::Kubeconfig(e.to_string()))?
     } else {
-        let kc = Kubeconfig::read_from(&opts.kubeconfig).map_err(|e| ManagerError::Kubeconfig(format!("{}: {e}", opts.kubeconfig)))?;
+        let kc = Kubeconfig::read_from(&opts.kubeconfig)
+            .map_err(|e| ManagerError::Kubeconfig(format!("{}: {e}", opts.kubeconfig)))?;
         Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .map_err(|e| ManagerError::Kubeconfig(format!("{}: {e}", opts.kubeconfig)))?
     };
     if !opts.master.is_empty() {
-        config.cluster_url = opts.master.parse().map_err(|e| ManagerError::Kubeconfig(format!("--master: {e}")))?;
+        config.cluster_url = opts
+            .master
+            .parse()
+            .map_err(|e| ManagerError::Kubeconfig(format!("--master: {e}")))?;
     }
     Ok(config)
 }
@@ -70,7 +82,11 @@ impl WriteFence for NoElection {
     }
 }
 
-pub async fn run(opts: ManagerOptions, set: SetFlags, catalogue: Vec<Registration>) -> Result<Exit, ManagerError> {
+pub async fn run(
+    opts: ManagerOptions,
+    set: SetFlags,
+    catalogue: Vec<Registration>,
+) -> Result<Exit, ManagerError> {
     opts.validate()?;
     let infos: Vec<_> = catalogue.iter().map(|r| r.info).collect();
     let enabled = flags::resolve_controllers(&opts.controllers, &infos)?;
@@ -89,7 +105,12 @@ pub async fn run(opts: ManagerOptions, set: SetFlags, catalogue: Vec<Registratio
     let process_stop = CancellationToken::new();
     let informer_client = client::build(
         &config,
-        ClientSpec { controller: "shared-informers".into(), qps: opts.kube_api_qps, burst: opts.kube_api_burst, fence: None },
+        ClientSpec {
+            controller: "shared-informers".into(),
+            qps: opts.kube_api_qps,
+            burst: opts.kube_api_burst,
+            fence: None,
+        },
         &metrics,
     )?;
     let informers = Informers::new(informer_client, process_stop.clone());
@@ -97,7 +118,12 @@ pub async fn run(opts: ManagerOptions, set: SetFlags, catalogue: Vec<Registratio
     let elector = if opts.leader_elect {
         let election_client = client::build(
             &config,
-            ClientSpec { controller: "leader-election".into(), qps: opts.kube_api_qps, burst: opts.kube_api_burst, fence: None },
+            ClientSpec {
+                controller: "leader-election".into(),
+                qps: opts.kube_api_qps,
+                burst: opts.kube_api_burst,
+                fence: None,
+            },
             &metrics,
         )?;
         Some(LeaderElector::new(
@@ -136,16 +162,28 @@ pub async fn run(opts: ManagerOptions, set: SetFlags, catalogue: Vec<Registratio
         }
         let Some(init) = reg.init else { continue };
         let name = reg.info.name;
-        let setup = factory.setup(name).map_err(|source| ManagerError::Init { name, source })?;
-        controllers.push((name, init(setup).map_err(|source| ManagerError::Init { name, source })?));
+        let setup = factory
+            .setup(name)
+            .map_err(|source| ManagerError::Init { name, source })?;
+        controllers.push((
+            name,
+            init(setup).map_err(|source| ManagerError::Init { name, source })?,
+        ));
     }
     informers.start();
     tracing::info!(resources = ?informers.resources(), "shared caches started");
 
-    let health = Health { metrics: Arc::clone(&metrics), informers: Arc::clone(&informers), elector: elector.clone() };
+    let health = Health {
+        metrics: Arc::clone(&metrics),
+        informers: Arc::clone(&informers),
+        elector: elector.clone(),
+    };
     let bound = health::serve(&opts.metrics_bind_address, health, process_stop.clone())
         .await
-        .map_err(|source| ManagerError::Health { addr: opts.metrics_bind_address.clone(), source })?;
+        .map_err(|source| ManagerError::Health {
+            addr: opts.metrics_bind_address.clone(),
+            source,
+        })?;
     tracing::info!(address = %bound, "serving /healthz /readyz /metrics");
 
     let shutdown = CancellationToken::new();
@@ -203,10 +241,8 @@ pub async fn run(opts: ManagerOptions, set: SetFlags, catalogue: Vec<Registratio
         }
     }
     election_stop.cancel();
-    if exit == Exit::Stopped {
-        if let Some(e) = &elector {
-            e.release().await;
-        }
+    if let Some(e) = elector.as_ref().filter(|_| exit == Exit::Stopped) {
+        e.release().await;
     }
     process_stop.cancel();
     Ok(exit)
@@ -219,7 +255,7 @@ async fn wait_synced(informers: &Informers) {
 }
 
 fn spawn_signal_watch(shutdown: CancellationToken) -> Result<(), ManagerError> {
-    use tokio::signal::unix::{signal, SignalKind};
+    use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(ManagerError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ManagerError::Signals)?;
     tokio::spawn(async move {

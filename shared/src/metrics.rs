@@ -68,14 +68,18 @@ impl Metrics {
     }
 
     pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
-        self.registry.lock().expect("registry lock").register(name, help, metric);
+        self.registry
+            .lock()
+            .expect("registry lock")
+            .register(name, help, metric);
     }
 
     /// OpenMetrics text of everything registered.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         let reg = self.registry.lock().expect("registry lock");
-        prometheus_client::encoding::text::encode(&mut out, &reg).expect("encoding to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, &reg)
+            .expect("encoding to a String cannot fail");
         out
     }
 
@@ -150,11 +154,23 @@ mod tests {
     fn counters_get_total_suffix_and_queue_label() {
         let m = Metrics::new();
         let wq = m.workqueue();
-        wq.adds.get_or_create(&NameLabel { name: "job".into() }).inc();
+        wq.adds
+            .get_or_create(&NameLabel { name: "job".into() })
+            .inc();
         // Asking twice returns the same families (registered once).
-        m.workqueue().adds.get_or_create(&NameLabel { name: "job".into() }).inc();
+        m.workqueue()
+            .adds
+            .get_or_create(&NameLabel { name: "job".into() })
+            .inc();
         let text = m.encode();
-        assert!(text.contains("workqueue_adds_total{name=\"job\"} 2"), "{text}");
-        assert_eq!(text.matches("# TYPE workqueue_adds counter").count(), 1, "{text}");
+        assert!(
+            text.contains("workqueue_adds_total{name=\"job\"} 2"),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("# TYPE workqueue_adds counter").count(),
+            1,
+            "{text}"
+        );
     }
 }

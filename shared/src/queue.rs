@@ -61,7 +61,9 @@ impl<K: QueueKey> Queue<K> {
             ready: Notify::new(),
             timer: Notify::new(),
             metrics: metrics.workqueue(),
-            label: NameLabel { name: name.to_string() },
+            label: NameLabel {
+                name: name.to_string(),
+            },
         });
         // Make the series exist from the start, as client-go does.
         q.metrics.depth.get_or_create(&q.label).set(0);
@@ -98,7 +100,10 @@ impl<K: QueueKey> Queue<K> {
         }
         s.added_at.insert(key.clone(), Instant::now());
         s.queue.push_back(key);
-        self.metrics.depth.get_or_create(&self.label).set(s.queue.len() as i64);
+        self.metrics
+            .depth
+            .get_or_create(&self.label)
+            .set(s.queue.len() as i64);
         self.ready.notify_one();
     }
 
@@ -167,7 +172,10 @@ impl<K: QueueKey> Queue<K> {
                 }
                 if let Some(key) = s.queue.pop_front() {
                     let now = Instant::now();
-                    self.metrics.depth.get_or_create(&self.label).set(s.queue.len() as i64);
+                    self.metrics
+                        .depth
+                        .get_or_create(&self.label)
+                        .set(s.queue.len() as i64);
                     if let Some(t) = s.added_at.remove(&key) {
                         self.metrics
                             .queue_duration
@@ -198,7 +206,10 @@ impl<K: QueueKey> Queue<K> {
         if s.dirty.contains(key) && !s.shutting_down {
             s.added_at.insert(key.clone(), Instant::now());
             s.queue.push_back(key.clone());
-            self.metrics.depth.get_or_create(&self.label).set(s.queue.len() as i64);
+            self.metrics
+                .depth
+                .get_or_create(&self.label)
+                .set(s.queue.len() as i64);
             self.ready.notify_one();
         }
     }
@@ -259,12 +270,22 @@ impl<K: QueueKey> Queue<K> {
             let (total, longest, done) = {
                 let s = self.lock();
                 let now = Instant::now();
-                let ages = s.processing.values().map(|t| now.duration_since(*t).as_secs_f64());
-                let (total, longest) = ages.fold((0.0, 0.0f64), |(sum, max), a| (sum + a, max.max(a)));
+                let ages = s
+                    .processing
+                    .values()
+                    .map(|t| now.duration_since(*t).as_secs_f64());
+                let (total, longest) =
+                    ages.fold((0.0, 0.0f64), |(sum, max), a| (sum + a, max.max(a)));
                 (total, longest, s.shutting_down && s.processing.is_empty())
             };
-            self.metrics.unfinished_work.get_or_create(&self.label).set(total);
-            self.metrics.longest_running.get_or_create(&self.label).set(longest);
+            self.metrics
+                .unfinished_work
+                .get_or_create(&self.label)
+                .set(total);
+            self.metrics
+                .longest_running
+                .get_or_create(&self.label)
+                .set(longest);
             if done {
                 return;
             }
@@ -325,7 +346,11 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn queue(name: &str) -> Arc<Queue<String>> {
-        Queue::new(name, BackoffConfig::exponential(Duration::from_millis(10), Duration::from_millis(80)), &Metrics::default())
+        Queue::new(
+            name,
+            BackoffConfig::exponential(Duration::from_millis(10), Duration::from_millis(80)),
+            &Metrics::default(),
+        )
     }
 
     #[tokio::test]
@@ -348,7 +373,10 @@ mod tests {
         // Not handed out twice concurrently.
         assert_eq!(q.len(), 0);
         let second = tokio::time::timeout(Duration::from_millis(50), q.get()).await;
-        assert!(second.is_err(), "key handed to a second worker while still processing");
+        assert!(
+            second.is_err(),
+            "key handed to a second worker while still processing"
+        );
         q.done(&k);
         assert_eq!(q.get().await.as_deref(), Some("a"));
     }
@@ -362,7 +390,10 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(q.get().await.as_deref(), Some("a"));
         let waited = t0.elapsed();
-        assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(3), "{waited:?}");
+        assert!(
+            waited >= Duration::from_secs(2) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
         q.done(&"a".to_string());
         // The superseded 5 s and 10 s entries do not fire again.
         let again = tokio::time::timeout(Duration::from_secs(20), q.get()).await;
@@ -410,7 +441,11 @@ mod tests {
         let runner = tokio::spawn(run_workers(Arc::clone(&q), 4, move |_k: String| {
             let (r, c, q2) = (Arc::clone(&r), Arc::clone(&c), Arc::clone(&q2));
             async move {
-                assert_eq!(r.fetch_add(1, Ordering::SeqCst), 0, "two workers on one key");
+                assert_eq!(
+                    r.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two workers on one key"
+                );
                 // Re-adding while processing must not start a concurrent sync.
                 q2.add("k".into());
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -440,8 +475,14 @@ mod tests {
         q.add("b".into());
         q.add_rate_limited("c".into());
         let text = m.encode();
-        assert!(text.contains("workqueue_adds_total{name=\"job\"} 2"), "{text}");
+        assert!(
+            text.contains("workqueue_adds_total{name=\"job\"} 2"),
+            "{text}"
+        );
         assert!(text.contains("workqueue_depth{name=\"job\"} 2"), "{text}");
-        assert!(text.contains("workqueue_retries_total{name=\"job\"} 1"), "{text}");
+        assert!(
+            text.contains("workqueue_retries_total{name=\"job\"} 1"),
+            "{text}"
+        );
     }
 }

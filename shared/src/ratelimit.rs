@@ -30,7 +30,10 @@ impl TokenBucket {
         TokenBucket {
             qps,
             burst,
-            state: Mutex::new(BucketState { tokens: burst, last: Instant::now() }),
+            state: Mutex::new(BucketState {
+                tokens: burst,
+                last: Instant::now(),
+            }),
         }
     }
 
@@ -48,7 +51,11 @@ impl TokenBucket {
         s.tokens = (s.tokens + elapsed * self.qps).min(self.burst);
         s.last = now;
         s.tokens -= 1.0;
-        if s.tokens >= 0.0 { Duration::ZERO } else { Duration::from_secs_f64(-s.tokens / self.qps) }
+        if s.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-s.tokens / self.qps)
+        }
     }
 
     /// Waits for a token.
@@ -85,7 +92,11 @@ impl Default for BackoffConfig {
 impl BackoffConfig {
     /// Pure per-item exponential backoff (e.g. the Job controller's 1 s..60 s).
     pub fn exponential(base: Duration, max: Duration) -> Self {
-        BackoffConfig { base, max, bucket: None }
+        BackoffConfig {
+            base,
+            max,
+            bucket: None,
+        }
     }
 }
 
@@ -99,8 +110,14 @@ pub struct ItemBackoff<K> {
 
 impl<K: Hash + Eq + Clone> ItemBackoff<K> {
     pub fn new(config: BackoffConfig) -> Self {
-        let bucket = config.bucket.map(|(qps, burst)| TokenBucket::new(qps, burst));
-        ItemBackoff { config, failures: HashMap::new(), bucket }
+        let bucket = config
+            .bucket
+            .map(|(qps, burst)| TokenBucket::new(qps, burst));
+        ItemBackoff {
+            config,
+            failures: HashMap::new(),
+            bucket,
+        }
     }
 
     /// Records one more failure of `key` and returns how long to wait before retrying it.
@@ -108,7 +125,11 @@ impl<K: Hash + Eq + Clone> ItemBackoff<K> {
         let n = self.failures.entry(key.clone()).or_insert(0);
         let exp = backoff_delay(self.config.base, self.config.max, *n);
         *n = n.saturating_add(1);
-        let bucket = self.bucket.as_ref().map(TokenBucket::reserve).unwrap_or_default();
+        let bucket = self
+            .bucket
+            .as_ref()
+            .map(TokenBucket::reserve)
+            .unwrap_or_default();
         exp.max(bucket)
     }
 
@@ -125,7 +146,11 @@ impl<K: Hash + Eq + Clone> ItemBackoff<K> {
 pub fn backoff_delay(base: Duration, max: Duration, failures: u32) -> Duration {
     let factor = 2f64.powi(failures.min(1024) as i32);
     let secs = base.as_secs_f64() * factor;
-    if !secs.is_finite() || secs >= max.as_secs_f64() { max } else { Duration::from_secs_f64(secs) }
+    if !secs.is_finite() || secs >= max.as_secs_f64() {
+        max
+    } else {
+        Duration::from_secs_f64(secs)
+    }
 }
 
 #[cfg(test)]
@@ -179,7 +204,17 @@ mod tests {
         let k = 1u32;
         assert_eq!(b.when(&k), Duration::from_millis(5));
         assert_eq!(b.when(&k), Duration::from_millis(10));
-        assert_eq!(backoff_delay(Duration::from_millis(5), Duration::from_secs(1000), 30), Duration::from_secs(1000));
-        assert_eq!(backoff_delay(Duration::from_millis(5), Duration::from_secs(1000), u32::MAX), Duration::from_secs(1000));
+        assert_eq!(
+            backoff_delay(Duration::from_millis(5), Duration::from_secs(1000), 30),
+            Duration::from_secs(1000)
+        );
+        assert_eq!(
+            backoff_delay(
+                Duration::from_millis(5),
+                Duration::from_secs(1000),
+                u32::MAX
+            ),
+            Duration::from_secs(1000)
+        );
     }
 }

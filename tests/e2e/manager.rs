@@ -27,7 +27,11 @@ where
     Fut: Future<Output = Result<()>>,
 {
     Trial::test(name, move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| Failed::from(e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| Failed::from(e.to_string()))?;
         rt.block_on(f()).map_err(|e| Failed::from(format!("{e:#}")))
     })
 }
@@ -40,7 +44,10 @@ fn log_dir() -> std::path::PathBuf {
 
 /// Election flags for a test: its own lease, default timings unless overridden.
 fn election_args(lease: &str, extra: &[&str]) -> Vec<String> {
-    let mut v = vec![format!("--leader-elect-resource-name={lease}"), "--leader-elect-resource-namespace=kube-system".to_string()];
+    let mut v = vec![
+        format!("--leader-elect-resource-name={lease}"),
+        "--leader-elect-resource-namespace=kube-system".to_string(),
+    ];
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
@@ -51,25 +58,49 @@ fn spawn(name: &str, args: &[String]) -> Result<Pilothouse> {
 
 async fn holder(lease: &str) -> Result<Option<String>> {
     let api: Api<Lease> = Api::namespaced(cluster().client().await?, "kube-system");
-    Ok(api.get_opt(lease).await?.and_then(|l| l.spec).and_then(|s| s.holder_identity).filter(|h| !h.is_empty()))
+    Ok(api
+        .get_opt(lease)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty()))
 }
 
 async fn wait_holder(lease: &str, not: Option<&str>, timeout: Duration) -> Result<String> {
-    wait::until(&format!("a holder of lease {lease} other than {not:?}"), timeout, Duration::from_millis(100), || async {
-        Ok(holder(lease).await?.filter(|h| Some(h.as_str()) != not))
-    })
+    wait::until(
+        &format!("a holder of lease {lease} other than {not:?}"),
+        timeout,
+        Duration::from_millis(100),
+        || async { Ok(holder(lease).await?.filter(|h| Some(h.as_str()) != not)) },
+    )
     .await
 }
 
 async fn master_status(p: &Pilothouse, lease: &str) -> Result<f64> {
-    p.metric(&format!("leader_election_master_status{{name=\"{lease}\"}}")).await?.context("no leader_election_master_status sample")
+    p.metric(&format!(
+        "leader_election_master_status{{name=\"{lease}\"}}"
+    ))
+    .await?
+    .context("no leader_election_master_status sample")
 }
 
 /// Which of two replicas holds `lease` (by the identity each logged).
-async fn leader_and_standby(a: Pilothouse, b: Pilothouse, lease: &str) -> Result<(Pilothouse, Pilothouse, String)> {
+async fn leader_and_standby(
+    a: Pilothouse,
+    b: Pilothouse,
+    lease: &str,
+) -> Result<(Pilothouse, Pilothouse, String)> {
     let id = wait_holder(lease, None, Duration::from_secs(30)).await?;
-    a.wait_log("attempting to acquire leader lease", Duration::from_secs(10)).await?;
-    b.wait_log("attempting to acquire leader lease", Duration::from_secs(10)).await?;
+    a.wait_log(
+        "attempting to acquire leader lease",
+        Duration::from_secs(10),
+    )
+    .await?;
+    b.wait_log(
+        "attempting to acquire leader lease",
+        Duration::from_secs(10),
+    )
+    .await?;
     if a.log_text().contains(&id) {
         Ok((a, b, id))
     } else if b.log_text().contains(&id) {
@@ -85,17 +116,43 @@ async fn election_two_replicas_one_leads() -> Result<()> {
     let a = spawn("a-1", &election_args(&lease, &[]))?;
     let b = spawn("a-2", &election_args(&lease, &[]))?;
     let (leader, standby, id) = leader_and_standby(a, b, &lease).await?;
-    leader.wait_log("leading; waiting for caches to sync", Duration::from_secs(10)).await?;
+    leader
+        .wait_log(
+            "leading; waiting for caches to sync",
+            Duration::from_secs(10),
+        )
+        .await?;
     // Hold for a few renewals: no flapping, the standby never acts.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    ensure!(holder(&lease).await?.as_deref() == Some(id.as_str()), "lease changed hands without a failure");
-    ensure!(master_status(&leader, &lease).await? == 1.0, "leader does not report master status 1");
-    ensure!(master_status(&standby, &lease).await? == 0.0, "standby reports master status 1");
-    ensure!(!standby.log_text().contains("leading; waiting for caches"), "standby started acting:\n{}", standby.log_tail(20));
+    ensure!(
+        holder(&lease).await?.as_deref() == Some(id.as_str()),
+        "lease changed hands without a failure"
+    );
+    ensure!(
+        master_status(&leader, &lease).await? == 1.0,
+        "leader does not report master status 1"
+    );
+    ensure!(
+        master_status(&standby, &lease).await? == 0.0,
+        "standby reports master status 1"
+    );
+    ensure!(
+        !standby.log_text().contains("leading; waiting for caches"),
+        "standby started acting:\n{}",
+        standby.log_tail(20)
+    );
     // Both are Ready (caches warm) and healthy.
     for p in [&leader, &standby] {
-        ensure!(p.http_get("/readyz").await?.0 == 200, "{} not ready", p.name);
-        ensure!(p.http_get("/healthz").await?.0 == 200, "{} not healthy", p.name);
+        ensure!(
+            p.http_get("/readyz").await?.0 == 200,
+            "{} not ready",
+            p.name
+        );
+        ensure!(
+            p.http_get("/healthz").await?.0 == 200,
+            "{} not healthy",
+            p.name
+        );
     }
     Ok(())
 }
@@ -113,13 +170,27 @@ async fn election_sigkill_failover() -> Result<()> {
     let new = wait_holder(&lease, Some(&id), Duration::from_secs(30)).await?;
     let took = t0.elapsed();
     println!("MEASURE crash failover: {:.2}s", took.as_secs_f64());
-    ensure!(standby.log_text().contains(&new), "new holder {new} is not the standby");
+    ensure!(
+        standby.log_text().contains(&new),
+        "new holder {new} is not the standby"
+    );
     // 15 s lease + 2 s * (1 + 1.2) jittered retry = 19.4 s, plus 0.1 s of polling here.
-    ensure!(took <= Duration::from_millis(19_500), "standby took {took:?} to lead");
+    ensure!(
+        took <= Duration::from_millis(19_500),
+        "standby took {took:?} to lead"
+    );
     // It must not steal a lease that had not expired: the last renewal was at most 2 s before
     // the kill, and the standby saw it at most one retry (≤4.4 s) later.
-    ensure!(took >= Duration::from_secs(9), "standby acquired after only {took:?}: before the lease expired");
-    standby.wait_log("leading; waiting for caches to sync", Duration::from_secs(5)).await?;
+    ensure!(
+        took >= Duration::from_secs(9),
+        "standby acquired after only {took:?}: before the lease expired"
+    );
+    standby
+        .wait_log(
+            "leading; waiting for caches to sync",
+            Duration::from_secs(5),
+        )
+        .await?;
     Ok(())
 }
 
@@ -135,14 +206,35 @@ async fn election_sigterm_release() -> Result<()> {
     leader.sigterm()?;
     let status = leader.wait_exit(Duration::from_secs(5)).await?;
     let exited = t0.elapsed();
-    ensure!(status.success(), "graceful stop exited with {status}; log:\n{}", leader.log_tail(20));
-    ensure!(leader.log_text().contains("released leader lease"), "no release logged:\n{}", leader.log_tail(20));
+    ensure!(
+        status.success(),
+        "graceful stop exited with {status}; log:\n{}",
+        leader.log_tail(20)
+    );
+    ensure!(
+        leader.log_text().contains("released leader lease"),
+        "no release logged:\n{}",
+        leader.log_tail(20)
+    );
     let new = wait_holder(&lease, Some(&id), Duration::from_secs(10)).await?;
     let took = t0.elapsed();
-    println!("MEASURE graceful failover: {:.2}s (leader exited after {:.2}s)", took.as_secs_f64(), exited.as_secs_f64());
-    ensure!(standby.log_text().contains(&new), "new holder {new} is not the standby");
-    ensure!(exited <= Duration::from_millis(2_500), "drain and release took {exited:?}");
-    ensure!(took <= Duration::from_secs(5), "standby took {took:?} after SIGTERM to lead");
+    println!(
+        "MEASURE graceful failover: {:.2}s (leader exited after {:.2}s)",
+        took.as_secs_f64(),
+        exited.as_secs_f64()
+    );
+    ensure!(
+        standby.log_text().contains(&new),
+        "new holder {new} is not the standby"
+    );
+    ensure!(
+        exited <= Duration::from_millis(2_500),
+        "drain and release took {exited:?}"
+    );
+    ensure!(
+        took <= Duration::from_secs(5),
+        "standby took {took:?} after SIGTERM to lead"
+    );
     Ok(())
 }
 
@@ -153,11 +245,24 @@ async fn election_partition_steps_down() -> Result<()> {
     let proxy = Proxy::start(cluster().apiserver_port()?).await?;
     let via_proxy = cluster().kubeconfig_via(proxy.port, &unique("proxied"))?;
     // The proxied replica starts first so it is the leader.
-    let mut leader = Pilothouse::spawn(&unique("d-1"), &via_proxy, &log_dir(), &election_args(&lease, &[]))?;
+    let mut leader = Pilothouse::spawn(
+        &unique("d-1"),
+        &via_proxy,
+        &log_dir(),
+        &election_args(&lease, &[]),
+    )?;
     let id = wait_holder(&lease, None, Duration::from_secs(30)).await?;
-    ensure!(leader.log_text().contains(&id), "the proxied replica did not lead");
+    ensure!(
+        leader.log_text().contains(&id),
+        "the proxied replica did not lead"
+    );
     let standby = spawn("d-2", &election_args(&lease, &[]))?;
-    standby.wait_log("attempting to acquire leader lease", Duration::from_secs(10)).await?;
+    standby
+        .wait_log(
+            "attempting to acquire leader lease",
+            Duration::from_secs(10),
+        )
+        .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let t0 = Instant::now();
@@ -167,8 +272,17 @@ async fn election_partition_steps_down() -> Result<()> {
     let status = leader.wait_exit(Duration::from_secs(15)).await?;
     let exited = t0.elapsed();
     ensure!(!status.success(), "partitioned leader exited with success");
-    ensure!(leader.log_text().contains("leader election lost"), "no step-down logged:\n{}", leader.log_tail(20));
-    let lost_line = leader.log_text().lines().find(|l| l.contains("leader election lost")).unwrap_or_default().to_string();
+    ensure!(
+        leader.log_text().contains("leader election lost"),
+        "no step-down logged:\n{}",
+        leader.log_tail(20)
+    );
+    let lost_line = leader
+        .log_text()
+        .lines()
+        .find(|l| l.contains("leader election lost"))
+        .unwrap_or_default()
+        .to_string();
     let new = wait_holder(&lease, Some(&id), Duration::from_secs(30)).await?;
     let took = t0.elapsed();
     println!(
@@ -176,10 +290,19 @@ async fn election_partition_steps_down() -> Result<()> {
         exited.as_secs_f64(),
         took.as_secs_f64()
     );
-    ensure!(standby.log_text().contains(&new), "new holder {new} is not the standby");
+    ensure!(
+        standby.log_text().contains(&new),
+        "new holder {new} is not the standby"
+    );
     // Exit = step-down at the deadline (≤ 10 s) + drain (≤ 2 s).
-    ensure!(exited <= Duration::from_secs(12), "leader took {exited:?} to exit: {lost_line}");
-    ensure!(exited < took, "standby led before the partitioned leader stopped");
+    ensure!(
+        exited <= Duration::from_secs(12),
+        "leader took {exited:?} to exit: {lost_line}"
+    );
+    ensure!(
+        exited < took,
+        "standby led before the partitioned leader stopped"
+    );
     Ok(())
 }
 
@@ -188,28 +311,64 @@ async fn election_partition_steps_down() -> Result<()> {
 /// built, `*` runs no controller and opens no watch.
 async fn controllers_flag() -> Result<()> {
     let lease = unique("ph-e");
-    let mut bad = spawn("e-unknown", &election_args(&lease, &["--controllers=*,jobs"]))?;
+    let mut bad = spawn(
+        "e-unknown",
+        &election_args(&lease, &["--controllers=*,jobs"]),
+    )?;
     let status = bad.wait_exit(Duration::from_secs(10)).await?;
-    ensure!(status.code() == Some(2), "unknown controller exited with {status}");
+    ensure!(
+        status.code() == Some(2),
+        "unknown controller exited with {status}"
+    );
     let log = bad.log_text();
-    ensure!(log.contains("\"jobs\" is not in the list of known controllers") && log.contains("job-controller, cronjob-controller"), "{log}");
+    ensure!(
+        log.contains("\"jobs\" is not in the list of known controllers")
+            && log.contains("job-controller, cronjob-controller"),
+        "{log}"
+    );
 
     let mut planned = spawn("e-planned", &election_args(&lease, &["--controllers=job"]))?;
     let status = planned.wait_exit(Duration::from_secs(10)).await?;
-    ensure!(status.code() == Some(2), "planned controller exited with {status}");
-    ensure!(planned.log_text().contains("\"job\" is planned but not built yet"), "{}", planned.log_text());
+    ensure!(
+        status.code() == Some(2),
+        "planned controller exited with {status}"
+    );
+    ensure!(
+        planned
+            .log_text()
+            .contains("\"job\" is planned but not built yet"),
+        "{}",
+        planned.log_text()
+    );
 
-    let mut ok = spawn("e-star", &election_args(&lease, &["--controllers=*,-job-controller"]))?;
-    ok.wait_log("leading; waiting for caches to sync", Duration::from_secs(30)).await?;
+    let mut ok = spawn(
+        "e-star",
+        &election_args(&lease, &["--controllers=*,-job-controller"]),
+    )?;
+    ok.wait_log(
+        "leading; waiting for caches to sync",
+        Duration::from_secs(30),
+    )
+    .await?;
     ensure!(ok.running(), "exited: {}", ok.log_tail(20));
-    ensure!(ok.log_text().contains("enabled=[]"), "controllers enabled with none built:\n{}", ok.log_tail(20));
+    ensure!(
+        ok.log_text().contains("enabled=[]"),
+        "controllers enabled with none built:\n{}",
+        ok.log_tail(20)
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let events = audit::read(&cluster().audit_log())?;
     let watched = audit::watched_resources(&events, "pilothouse/");
-    ensure!(watched.is_empty(), "pilothouse watched {watched:?} with no controller enabled");
+    ensure!(
+        watched.is_empty(),
+        "pilothouse watched {watched:?} with no controller enabled"
+    );
     // The election client did reach the API server under its own user agent.
     ensure!(
-        events.iter().any(|e| e.user_agent.contains("pilothouse/leader-election") && e.object_ref.as_ref().is_some_and(|o| o.name == lease)),
+        events
+            .iter()
+            .any(|e| e.user_agent.contains("pilothouse/leader-election")
+                && e.object_ref.as_ref().is_some_and(|o| o.name == lease)),
         "no lease request from the leader-election client in the audit log"
     );
     Ok(())
@@ -219,22 +378,47 @@ async fn controllers_flag() -> Result<()> {
 async fn health_metrics_and_no_election() -> Result<()> {
     let lease = unique("ph-h");
     let p = spawn("h-1", &election_args(&lease, &["--leader-elect=false"]))?;
-    p.wait_log("leading; waiting for caches to sync", Duration::from_secs(30)).await?;
+    p.wait_log(
+        "leading; waiting for caches to sync",
+        Duration::from_secs(30),
+    )
+    .await?;
     ensure!(p.http_get("/healthz").await? == (200, "ok\n".to_string()));
     ensure!(p.http_get("/readyz").await?.0 == 200);
     let (code, body) = p.http_get("/metrics").await?;
-    ensure!(code == 200 && body.ends_with("# EOF\n"), "metrics: {code} {body}");
-    ensure!(holder(&lease).await?.is_none(), "--leader-elect=false touched the lease");
+    ensure!(
+        code == 200 && body.ends_with("# EOF\n"),
+        "metrics: {code} {body}"
+    );
+    ensure!(
+        holder(&lease).await?.is_none(),
+        "--leader-elect=false touched the lease"
+    );
     let q = spawn("h-2", &election_args(&lease, &[]))?;
     wait_holder(&lease, None, Duration::from_secs(30)).await?;
     // Created (POST), then renewed (PUT) every retry period, each counted by verb and code.
-    let body = wait::until("a counted lease renewal", Duration::from_secs(10), Duration::from_millis(200), || async {
-        let body = q.http_get("/metrics").await?.1;
-        Ok(body.contains("rest_client_requests_total{code=\"200\",method=\"PUT\"").then_some(body))
-    })
+    let body = wait::until(
+        "a counted lease renewal",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let body = q.http_get("/metrics").await?.1;
+            Ok(body
+                .contains("rest_client_requests_total{code=\"200\",method=\"PUT\"")
+                .then_some(body))
+        },
+    )
     .await?;
-    ensure!(body.contains("rest_client_requests_total{code=\"201\",method=\"POST\""), "no create counted:\n{body}");
-    ensure!(body.contains(&format!("leader_election_master_status{{name=\"{lease}\"}} 1")), "{body}");
+    ensure!(
+        body.contains("rest_client_requests_total{code=\"201\",method=\"POST\""),
+        "no create counted:\n{body}"
+    );
+    ensure!(
+        body.contains(&format!(
+            "leader_election_master_status{{name=\"{lease}\"}} 1"
+        )),
+        "{body}"
+    );
     Ok(())
 }
 
@@ -244,7 +428,10 @@ async fn health_metrics_and_no_election() -> Result<()> {
 async fn kwok_pod_lifecycle() -> Result<()> {
     let ns = cluster().namespace("kwok").await?;
     let pods: Api<Pod> = Api::namespaced(cluster().client().await?, &ns);
-    let pod = |name: &str, annotations: serde_json::Value, finalizers: serde_json::Value| -> Result<Pod> {
+    let pod = |name: &str,
+               annotations: serde_json::Value,
+               finalizers: serde_json::Value|
+     -> Result<Pod> {
         Ok(serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "annotations": annotations, "finalizers": finalizers},
             "spec": {
@@ -255,42 +442,118 @@ async fn kwok_pod_lifecycle() -> Result<()> {
         }))?)
     };
     // The namespace's default ServiceAccount appears asynchronously (kcm's serviceaccount controller).
-    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(cluster().client().await?, &ns);
-    wait::until("default service account", Duration::from_secs(30), Duration::from_millis(200), || async { Ok(sa.get_opt("default").await?) }).await?;
-    pods.create(&PostParams::default(), &pod("exit", serde_json::json!({"pilothouse.test/exit-code": "7", "pilothouse.test/run-for": "1s"}), serde_json::json!([]))?).await?;
-    pods.create(&PostParams::default(), &pod("held", serde_json::json!({}), serde_json::json!(["pilothouse.test/hold"]))?).await?;
-    let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-    let running = wait::until("held pod running with an IP", Duration::from_secs(30), Duration::from_millis(200), || async {
-        let p = pods.get("held").await?;
-        Ok((phase(&p) == "Running" && p.status.as_ref().and_then(|s| s.pod_ip.clone()).is_some()).then_some(p))
-    })
+    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(cluster().client().await?, &ns);
+    wait::until(
+        "default service account",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok(sa.get_opt("default").await?) },
+    )
     .await?;
-    ensure!(running.spec.as_ref().and_then(|s| s.node_name.clone()).is_some_and(|n| n.starts_with("kwok-node-")));
-    let exit_code = |p: &Pod| {
-        p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.first().cloned()).and_then(|c| c.state).and_then(|s| s.terminated).map(|t| t.exit_code)
+    pods.create(
+        &PostParams::default(),
+        &pod(
+            "exit",
+            serde_json::json!({"pilothouse.test/exit-code": "7", "pilothouse.test/run-for": "1s"}),
+            serde_json::json!([]),
+        )?,
+    )
+    .await?;
+    pods.create(
+        &PostParams::default(),
+        &pod(
+            "held",
+            serde_json::json!({}),
+            serde_json::json!(["pilothouse.test/hold"]),
+        )?,
+    )
+    .await?;
+    let phase = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default()
     };
-    let failed = wait::until("exit pod failed", Duration::from_secs(30), Duration::from_millis(200), || async {
-        let p = pods.get("exit").await?;
-        Ok((phase(&p) == "Failed").then_some(p))
-    })
+    let running = wait::until(
+        "held pod running with an IP",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let p = pods.get("held").await?;
+            Ok((phase(&p) == "Running"
+                && p.status.as_ref().and_then(|s| s.pod_ip.clone()).is_some())
+            .then_some(p))
+        },
+    )
     .await?;
-    ensure!(exit_code(&failed) == Some(7), "exit code {:?}", exit_code(&failed));
+    ensure!(
+        running
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .is_some_and(|n| n.starts_with("kwok-node-"))
+    );
+    let exit_code = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first().cloned())
+            .and_then(|c| c.state)
+            .and_then(|s| s.terminated)
+            .map(|t| t.exit_code)
+    };
+    let failed = wait::until(
+        "exit pod failed",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let p = pods.get("exit").await?;
+            Ok((phase(&p) == "Failed").then_some(p))
+        },
+    )
+    .await?;
+    ensure!(
+        exit_code(&failed) == Some(7),
+        "exit code {:?}",
+        exit_code(&failed)
+    );
 
     let t0 = Instant::now();
     pods.delete("held", &DeleteParams::default()).await?;
-    let terminated = wait::until("held pod terminated", Duration::from_secs(30), Duration::from_millis(100), || async {
-        let p = pods.get("held").await?;
-        Ok((phase(&p) == "Failed").then_some(p))
-    })
+    let terminated = wait::until(
+        "held pod terminated",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let p = pods.get("held").await?;
+            Ok((phase(&p) == "Failed").then_some(p))
+        },
+    )
     .await?;
-    ensure!(t0.elapsed() >= Duration::from_millis(1000), "terminated before its grace period: {:?}", t0.elapsed());
+    ensure!(
+        t0.elapsed() >= Duration::from_millis(1000),
+        "terminated before its grace period: {:?}",
+        t0.elapsed()
+    );
     ensure!(exit_code(&terminated) == Some(143));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    ensure!(pods.get_opt("held").await?.is_some(), "pod vanished while its finalizer was still set");
-    pods.patch("held", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}))).await?;
-    wait::until("held pod gone", Duration::from_secs(30), Duration::from_millis(200), || async {
-        Ok(pods.get_opt("held").await?.is_none().then_some(()))
-    })
+    ensure!(
+        pods.get_opt("held").await?.is_some(),
+        "pod vanished while its finalizer was still set"
+    );
+    pods.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    wait::until(
+        "held pod gone",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok(pods.get_opt("held").await?.is_none().then_some(())) },
+    )
     .await?;
     cluster().delete_namespace(&ns).await?;
     Ok(())
@@ -305,26 +568,73 @@ async fn webhook_rejects_then_allows_and_delays() -> Result<()> {
     let client = cluster().client().await?;
     let hook = Webhook::start(client.clone(), &ns, &["configmaps"], &["CREATE", "UPDATE"]).await?;
     let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
-    let cm = |name: &str| -> Result<ConfigMap> { Ok(serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?) };
-    hook.reject(Match { resource: Some("configmaps".into()), operation: Some("CREATE".into()), name: Some("r".into()), ..Default::default() }, 2, "no, not yet");
+    let cm = |name: &str| -> Result<ConfigMap> {
+        Ok(serde_json::from_value(
+            serde_json::json!({"metadata": {"name": name}}),
+        )?)
+    };
+    hook.reject(
+        Match {
+            resource: Some("configmaps".into()),
+            operation: Some("CREATE".into()),
+            name: Some("r".into()),
+            ..Default::default()
+        },
+        2,
+        "no, not yet",
+    );
     for attempt in 0..2 {
         match cms.create(&PostParams::default(), &cm("r")?).await {
-            Err(kube::Error::Api(e)) => ensure!(e.message.contains("no, not yet") && e.code == 403, "attempt {attempt}: {e:?}"),
+            Err(kube::Error::Api(e)) => ensure!(
+                e.message.contains("no, not yet") && e.code == 403,
+                "attempt {attempt}: {e:?}"
+            ),
             other => bail!("attempt {attempt} was not rejected: {other:?}"),
         }
     }
-    cms.create(&PostParams::default(), &cm("r")?).await.context("third create")?;
-    hook.delay(Match { resource: Some("configmaps".into()), operation: Some("UPDATE".into()), ..Default::default() }, Duration::from_millis(1500));
+    cms.create(&PostParams::default(), &cm("r")?)
+        .await
+        .context("third create")?;
+    hook.delay(
+        Match {
+            resource: Some("configmaps".into()),
+            operation: Some("UPDATE".into()),
+            ..Default::default()
+        },
+        Duration::from_millis(1500),
+    );
     let t0 = Instant::now();
-    cms.patch("r", &PatchParams::default(), &Patch::Merge(serde_json::json!({"data": {"k": "v"}}))).await?;
-    ensure!(t0.elapsed() >= Duration::from_millis(1500), "update not delayed: {:?}", t0.elapsed());
-    let seen = hook.seen();
-    let verdicts: Vec<(String, bool)> = seen.iter().filter(|s| s.name == "r").map(|s| (s.operation.clone(), s.allowed)).collect();
+    cms.patch(
+        "r",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"data": {"k": "v"}})),
+    )
+    .await?;
     ensure!(
-        verdicts == [("CREATE".to_string(), false), ("CREATE".to_string(), false), ("CREATE".to_string(), true), ("UPDATE".to_string(), true)],
+        t0.elapsed() >= Duration::from_millis(1500),
+        "update not delayed: {:?}",
+        t0.elapsed()
+    );
+    let seen = hook.seen();
+    let verdicts: Vec<(String, bool)> = seen
+        .iter()
+        .filter(|s| s.name == "r")
+        .map(|s| (s.operation.clone(), s.allowed))
+        .collect();
+    ensure!(
+        verdicts
+            == [
+                ("CREATE".to_string(), false),
+                ("CREATE".to_string(), false),
+                ("CREATE".to_string(), true),
+                ("UPDATE".to_string(), true)
+            ],
         "{verdicts:?}"
     );
-    ensure!(seen.iter().all(|s| s.user == "pilothouse-admin"), "{seen:?}");
+    ensure!(
+        seen.iter().all(|s| s.user == "pilothouse-admin"),
+        "{seen:?}"
+    );
     hook.remove().await?;
     cluster().delete_namespace(&ns).await?;
     Ok(())
@@ -332,16 +642,24 @@ async fn webhook_rejects_then_allows_and_delays() -> Result<()> {
 
 /// The API server accepts the kube-system manifests as they are (server-side dry run).
 async fn manifests_are_accepted() -> Result<()> {
-    let bin = std::process::Command::new(pilothouse_tests::repo_root().join("tests/cluster/build")).output()?;
+    let bin = std::process::Command::new(pilothouse_tests::repo_root().join("tests/cluster/build"))
+        .output()?;
     let bin = String::from_utf8(bin.stdout)?.trim().to_string();
     let out = std::process::Command::new(format!("{bin}/kubectl"))
         .arg(format!("--kubeconfig={}", cluster().kubeconfig.display()))
         .args(["apply", "--dry-run=server", "-f"])
         .arg(pilothouse_tests::repo_root().join("manifests"))
         .output()?;
-    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(text.contains("deployment.apps/pilothouse created (server dry run)"), "{text}");
+    ensure!(
+        text.contains("deployment.apps/pilothouse created (server dry run)"),
+        "{text}"
+    );
     Ok(())
 }
 
@@ -350,19 +668,34 @@ fn main() {
     // Real-clock tests mostly wait: run them side by side.
     args.test_threads.get_or_insert(8);
     let trials = vec![
-        trial("election_two_replicas_one_leads", election_two_replicas_one_leads),
+        trial(
+            "election_two_replicas_one_leads",
+            election_two_replicas_one_leads,
+        ),
         trial("election_sigkill_failover", election_sigkill_failover),
         trial("election_sigterm_release", election_sigterm_release),
-        trial("election_partition_steps_down", election_partition_steps_down),
+        trial(
+            "election_partition_steps_down",
+            election_partition_steps_down,
+        ),
         trial("controllers_flag", controllers_flag),
-        trial("health_metrics_and_no_election", health_metrics_and_no_election),
+        trial(
+            "health_metrics_and_no_election",
+            health_metrics_and_no_election,
+        ),
         trial("kwok_pod_lifecycle", kwok_pod_lifecycle),
-        trial("webhook_rejects_then_allows_and_delays", webhook_rejects_then_allows_and_delays),
+        trial(
+            "webhook_rejects_then_allows_and_delays",
+            webhook_rejects_then_allows_and_delays,
+        ),
         trial("manifests_are_accepted", manifests_are_accepted),
     ];
     let listing = args.list;
     if !listing {
-        match Cluster::up(&format!("manager-{}", std::process::id()), ClusterOptions::default()) {
+        match Cluster::up(
+            &format!("manager-{}", std::process::id()),
+            ClusterOptions::default(),
+        ) {
             Ok(c) => {
                 let _ = CLUSTER.set(c);
             }
@@ -380,7 +713,10 @@ fn main() {
         down.arg("--dir").arg(&c.dir);
         if conclusion.has_failed() {
             down.arg("--keep-dir");
-            eprintln!("control plane and pilothouse logs kept in {}", c.dir.display());
+            eprintln!(
+                "control plane and pilothouse logs kept in {}",
+                c.dir.display()
+            );
         }
         let _ = down.status();
     }

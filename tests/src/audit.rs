@@ -37,13 +37,23 @@ pub fn read(path: &Path) -> Result<Vec<AuditEvent>> {
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("audit");
     let mut files: Vec<_> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p != path && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{stem}-"))))
+        .filter(|p| {
+            p != path
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{stem}-")))
+        })
         .collect();
     files.sort();
     files.push(path.to_path_buf());
     for f in files {
-        let Ok(text) = std::fs::read_to_string(&f) else { continue };
-        out.extend(text.lines().filter_map(|l| serde_json::from_str::<AuditEvent>(l).ok()));
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        out.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<AuditEvent>(l).ok()),
+        );
     }
     Ok(out)
 }

@@ -25,7 +25,11 @@ pub struct ClusterOptions {
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        ClusterOptions { reference: false, nodes: 3, zones: 3 }
+        ClusterOptions {
+            reference: false,
+            nodes: 3,
+            zones: 3,
+        }
     }
 }
 
@@ -36,11 +40,16 @@ impl Cluster {
         let dir = std::env::temp_dir().join(format!("pilothouse-e2e-{name}"));
         let script = crate::repo_root().join("tests/cluster/up");
         let mut cmd = Command::new(&script);
-        cmd.arg("--dir").arg(&dir).arg(format!("--nodes={}", opts.nodes)).arg(format!("--zones={}", opts.zones));
+        cmd.arg("--dir")
+            .arg(&dir)
+            .arg(format!("--nodes={}", opts.nodes))
+            .arg(format!("--zones={}", opts.zones));
         if opts.reference {
             cmd.arg("--reference");
         }
-        let out = cmd.output().with_context(|| format!("running {}", script.display()))?;
+        let out = cmd
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
         if !out.status.success() {
             bail!(
                 "tests/cluster/up failed ({}). Build and start it by hand to see why: {} --dir {}\n{}",
@@ -55,7 +64,12 @@ impl Cluster {
         let kubeconfig = last
             .strip_prefix("KUBECONFIG=")
             .with_context(|| format!("tests/cluster/up printed no KUBECONFIG line: {stdout}"))?;
-        Ok(Cluster { dir, kubeconfig: PathBuf::from(kubeconfig), reference: opts.reference, stopped: false })
+        Ok(Cluster {
+            dir,
+            kubeconfig: PathBuf::from(kubeconfig),
+            reference: opts.reference,
+            stopped: false,
+        })
     }
 
     pub async fn client(&self) -> Result<Client> {
@@ -72,7 +86,10 @@ impl Cluster {
     pub fn kubeconfig_via(&self, port: u16, name: &str) -> Result<PathBuf> {
         let text = std::fs::read_to_string(&self.kubeconfig)?;
         let api = self.apiserver_port()?;
-        let text = text.replace(&format!("https://127.0.0.1:{api}"), &format!("https://127.0.0.1:{port}"));
+        let text = text.replace(
+            &format!("https://127.0.0.1:{api}"),
+            &format!("https://127.0.0.1:{port}"),
+        );
         let path = self.dir.join(format!("{name}.kubeconfig"));
         std::fs::write(&path, text)?;
         Ok(path)
@@ -87,7 +104,10 @@ impl Cluster {
         let name = crate::unique(prefix);
         let api: Api<Namespace> = Api::all(self.client().await?);
         let ns = Namespace {
-            metadata: kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() },
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
             ..Default::default()
         };
         api.create(&PostParams::default(), &ns).await?;

@@ -12,10 +12,15 @@ pub fn binary() -> Result<PathBuf> {
     if let Ok(p) = std::env::var("PILOTHOUSE_BIN") {
         return Ok(PathBuf::from(p));
     }
-    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| crate::repo_root().join("target"));
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| crate::repo_root().join("target"));
     let p = target.join("debug/pilothouse");
     if !p.exists() {
-        bail!("{} is missing: build it with `cargo build -p pilothouse` (the README's test command does)", p.display());
+        bail!(
+            "{} is missing: build it with `cargo build -p pilothouse` (the README's test command does)",
+            p.display()
+        );
     }
     Ok(p)
 }
@@ -30,17 +35,31 @@ pub struct Pilothouse {
 impl Pilothouse {
     /// Starts `pilothouse --kubeconfig=<kubeconfig> <args>`, logging to `<log_dir>/<name>.log`.
     /// Health and metrics bind to a free loopback port unless `args` say otherwise.
-    pub fn spawn(name: &str, kubeconfig: &Path, log_dir: &Path, args: &[String]) -> Result<Pilothouse> {
+    pub fn spawn(
+        name: &str,
+        kubeconfig: &Path,
+        log_dir: &Path,
+        args: &[String],
+    ) -> Result<Pilothouse> {
         let log = log_dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = Command::new(binary()?);
         cmd.arg(format!("--kubeconfig={}", kubeconfig.display()));
         if !args.iter().any(|a| a.starts_with("--metrics-bind-address")) {
             cmd.arg("--metrics-bind-address=127.0.0.1:0");
         }
-        cmd.args(args).stdout(file.try_clone()?).stderr(file).kill_on_drop(true);
+        cmd.args(args)
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true);
         let child = cmd.spawn().context("spawning pilothouse")?;
-        Ok(Pilothouse { name: name.to_string(), child, log, exited: None })
+        Ok(Pilothouse {
+            name: name.to_string(),
+            child,
+            log,
+            exited: None,
+        })
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -65,7 +84,11 @@ impl Pilothouse {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("{}: no {needle:?} in the log within {timeout:?}; log tail:\n{}", self.name, self.log_tail(40));
+                bail!(
+                    "{}: no {needle:?} in the log within {timeout:?}; log tail:\n{}",
+                    self.name,
+                    self.log_tail(40)
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -73,9 +96,13 @@ impl Pilothouse {
 
     /// The health/metrics address, read from the start-up log line.
     pub async fn metrics_addr(&self) -> Result<String> {
-        self.wait_log("serving /healthz /readyz /metrics", Duration::from_secs(30)).await?;
+        self.wait_log("serving /healthz /readyz /metrics", Duration::from_secs(30))
+            .await?;
         let text = self.log_text();
-        let line = text.lines().find(|l| l.contains("serving /healthz /readyz /metrics")).unwrap_or_default();
+        let line = text
+            .lines()
+            .find(|l| l.contains("serving /healthz /readyz /metrics"))
+            .unwrap_or_default();
         let addr = line
             .split_whitespace()
             .find_map(|w| w.strip_prefix("address="))
@@ -104,7 +131,10 @@ impl Pilothouse {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
         let rc = unsafe { libc::kill(pid as i32, sig) };
         if rc != 0 {
-            bail!("kill({pid}, {sig}) failed: {}", std::io::Error::last_os_error());
+            bail!(
+                "kill({pid}, {sig}) failed: {}",
+                std::io::Error::last_os_error()
+            );
         }
         Ok(())
     }
@@ -128,7 +158,11 @@ impl Pilothouse {
                 self.exited = Some(s);
                 Ok(s)
             }
-            Err(_) => bail!("{} did not exit within {timeout:?}; log tail:\n{}", self.name, self.log_tail(40)),
+            Err(_) => bail!(
+                "{} did not exit within {timeout:?}; log tail:\n{}",
+                self.name,
+                self.log_tail(40)
+            ),
         }
     }
 
@@ -150,12 +184,24 @@ impl Pilothouse {
 /// A minimal HTTP/1.1 GET over a fresh connection (health endpoints are plain HTTP on loopback).
 pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await??;
     let text = String::from_utf8_lossy(&buf).to_string();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no HTTP status")?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status")?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }

@@ -30,7 +30,9 @@ impl Proxy {
                     _ = s.cancelled() => return,
                     a = listener.accept() => a,
                 };
-                let Ok((mut inbound, _)) = accepted else { continue };
+                let Ok((mut inbound, _)) = accepted else {
+                    continue;
+                };
                 let token = k.lock().expect("proxy lock").clone();
                 let cut = Arc::clone(&c);
                 tokio::spawn(async move {
@@ -39,7 +41,10 @@ impl Proxy {
                         token.cancelled().await;
                         return;
                     }
-                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", upstream_port)).await else { return };
+                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", upstream_port)).await
+                    else {
+                        return;
+                    };
                     tokio::select! {
                         _ = token.cancelled() => {}
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
@@ -47,7 +52,12 @@ impl Proxy {
                 });
             }
         });
-        Ok(Proxy { port, cut, conns, stop })
+        Ok(Proxy {
+            port,
+            cut,
+            conns,
+            stop,
+        })
     }
 
     /// Drops every open connection and blackholes new ones.

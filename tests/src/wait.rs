@@ -7,7 +7,12 @@ use tokio::time::Instant;
 
 /// Polls `check` every `every` until it returns `Ok(Some(v))`; fails after `timeout` with the
 /// last observation (`Ok(None)` = not yet; an `Err` is remembered and reported, not fatal).
-pub async fn until<T, F, Fut>(what: &str, timeout: Duration, every: Duration, mut check: F) -> Result<T>
+pub async fn until<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>>>,
@@ -22,7 +27,9 @@ where
         }
         if Instant::now() >= deadline {
             match last_err {
-                Some(e) => bail!("timed out after {timeout:?} waiting for {what}; last error: {e:#}"),
+                Some(e) => {
+                    bail!("timed out after {timeout:?} waiting for {what}; last error: {e:#}")
+                }
                 None => bail!("timed out after {timeout:?} waiting for {what}"),
             }
         }

@@ -9,8 +9,8 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, PostParams};
 use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -75,10 +75,19 @@ impl Webhook {
     /// Starts the server and registers it for `namespace` on `resources` (plural names, with
     /// `/status`-style subresources as needed) and `operations`. Returns once the API server is
     /// seen calling it.
-    pub async fn start(client: Client, namespace: &str, resources: &[&str], operations: &[&str]) -> Result<Webhook> {
-        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])?;
+    pub async fn start(
+        client: Client,
+        namespace: &str,
+        resources: &[&str],
+        operations: &[&str],
+    ) -> Result<Webhook> {
+        let cert = rcgen::generate_simple_self_signed(vec![
+            "127.0.0.1".to_string(),
+            "localhost".to_string(),
+        ])?;
         let cert_pem = cert.cert.pem();
-        let key_der = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let key_der = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let tls = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
@@ -99,11 +108,16 @@ impl Webhook {
                 let Ok((tcp, _)) = accepted else { continue };
                 let (acceptor, st) = (acceptor.clone(), Arc::clone(&st));
                 tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let service = hyper::service::service_fn(move |req| handle(Arc::clone(&st), req));
-                    let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                        .await;
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service =
+                        hyper::service::service_fn(move |req| handle(Arc::clone(&st), req));
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
                 });
             }
         });
@@ -129,8 +143,15 @@ impl Webhook {
             }]
         }))?;
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        api.create(&PostParams::default(), &config).await.context("registering the webhook")?;
-        let hook = Webhook { name, client, state, stop };
+        api.create(&PostParams::default(), &config)
+            .await
+            .context("registering the webhook")?;
+        let hook = Webhook {
+            name,
+            client,
+            state,
+            stop,
+        };
         hook.wait_active(namespace).await?;
         Ok(hook)
     }
@@ -138,30 +159,48 @@ impl Webhook {
     /// The API server picks up webhook configurations asynchronously: probe until it calls us.
     async fn wait_active(&self, namespace: &str) -> Result<()> {
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-        crate::wait::until("the webhook to be called", Duration::from_secs(30), Duration::from_millis(200), || async {
-            let probe: ConfigMap = serde_json::from_value(json!({
-                "metadata": {"generateName": "webhook-probe-", "labels": {PROBE_LABEL: "true"}}
-            }))?;
-            match cms.create(&PostParams::default(), &probe).await {
-                Err(kube::Error::Api(s)) if s.message.contains("pilothouse test webhook probe") => Ok(Some(())),
-                Ok(created) => {
-                    // Not active yet: the probe went through; clean it up.
-                    let name = created.metadata.name.unwrap_or_default();
-                    let _ = cms.delete(&name, &DeleteParams::default()).await;
-                    Ok(None)
+        crate::wait::until(
+            "the webhook to be called",
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async {
+                let probe: ConfigMap = serde_json::from_value(json!({
+                    "metadata": {"generateName": "webhook-probe-", "labels": {PROBE_LABEL: "true"}}
+                }))?;
+                match cms.create(&PostParams::default(), &probe).await {
+                    Err(kube::Error::Api(s))
+                        if s.message.contains("pilothouse test webhook probe") =>
+                    {
+                        Ok(Some(()))
+                    }
+                    Ok(created) => {
+                        // Not active yet: the probe went through; clean it up.
+                        let name = created.metadata.name.unwrap_or_default();
+                        let _ = cms.delete(&name, &DeleteParams::default()).await;
+                        Ok(None)
+                    }
+                    Err(e) => Err(e.into()),
                 }
-                Err(e) => Err(e.into()),
-            }
-        })
+            },
+        )
         .await
     }
 
     pub fn reject(&self, on: Match, times: u32, message: &str) {
-        self.state.lock().expect("webhook lock").rules.push(Rule { on, action: Action::Reject { times, message: message.into() } });
+        self.state.lock().expect("webhook lock").rules.push(Rule {
+            on,
+            action: Action::Reject {
+                times,
+                message: message.into(),
+            },
+        });
     }
 
     pub fn delay(&self, on: Match, by: Duration) {
-        self.state.lock().expect("webhook lock").rules.push(Rule { on, action: Action::Delay(by) });
+        self.state.lock().expect("webhook lock").rules.push(Rule {
+            on,
+            action: Action::Delay(by),
+        });
     }
 
     pub fn clear(&self) {
@@ -195,7 +234,10 @@ fn matches(m: &Match, s: &Seen) -> bool {
         && m.user.as_ref().is_none_or(|u| s.user.contains(u.as_str()))
 }
 
-async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
+async fn handle(
+    state: Arc<Mutex<State>>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let body = req.into_body().collect().await?.to_bytes();
     let review: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let r = &review["request"];
@@ -208,7 +250,8 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Resp
         user: text(&r["userInfo"]["username"]),
         allowed: true,
     };
-    let probe = seen.resource == "configmaps" && r["object"]["metadata"]["labels"][PROBE_LABEL] == "true";
+    let probe =
+        seen.resource == "configmaps" && r["object"]["metadata"]["labels"][PROBE_LABEL] == "true";
     let (delay, denial) = if probe {
         (None, Some("pilothouse test webhook probe".to_string()))
     } else {
