@@ -147,6 +147,8 @@ pub struct LeaderElector {
     state: Mutex<State>,
     leading_tx: watch::Sender<bool>,
     status: Family<NameLabel, Gauge>,
+    /// Woken by the lease watch when the holder releases the Lease.
+    released: tokio::sync::Notify,
 }
 
 impl LeaderElector {
@@ -169,6 +171,7 @@ impl LeaderElector {
             state: Mutex::new(State::default()),
             leading_tx,
             status,
+            released: tokio::sync::Notify::new(),
         });
         e.set_leading(false);
         Ok(e)
@@ -347,8 +350,13 @@ impl LeaderElector {
     }
 
     /// Campaigns until leading, then renews until leadership is lost or `stop` is cancelled.
-    pub async fn run(&self, stop: CancellationToken) -> Ended {
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Ended {
         tracing::info!(identity = %self.config.identity, lease = %format!("{}/{}", self.config.namespace, self.config.name), "attempting to acquire leader lease");
+        // Standbys also watch the Lease: they see each renewal when it happens (not up to one
+        // retry later), so they can try again exactly when it expires, or at once on release.
+        let watch_stop = stop.child_token();
+        tokio::spawn(Arc::clone(&self).watch_lease(watch_stop.clone()));
+        let _stop_watch = watch_stop.drop_guard();
         loop {
             let attempt =
                 tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew());
@@ -359,10 +367,11 @@ impl LeaderElector {
             if acquired {
                 break;
             }
-            let wait = jitter(self.config.retry_period, JITTER_FACTOR);
+            let wait = self.next_attempt_in(jitter(self.config.retry_period, JITTER_FACTOR));
             tokio::select! {
                 _ = stop.cancelled() => return Ended::Stopped,
                 _ = tokio::time::sleep(wait) => {}
+                _ = self.released.notified() => {}
             }
         }
         tracing::info!(identity = %self.config.identity, "successfully acquired lease");
@@ -402,6 +411,57 @@ impl LeaderElector {
             tokio::select! {
                 _ = stop.cancelled() => return false,
                 _ = tokio::time::sleep_until(retry) => {}
+            }
+        }
+    }
+
+    /// The wait before the next acquire attempt: the jittered retry period, or less if the lease
+    /// we observe expires sooner (plus a small margin so the attempt finds it expired).
+    fn next_attempt_in(&self, retry: Duration) -> Duration {
+        let s = self.lock();
+        let Some(seen) = s.observed_at else {
+            return retry;
+        };
+        if s.observed.holder.is_empty() {
+            return retry;
+        }
+        let expires = seen + Duration::from_secs(s.observed.duration_seconds.max(0) as u64);
+        retry.min(expires.saturating_duration_since(Instant::now()) + Duration::from_millis(20))
+    }
+
+    /// Follows the Lease while standing by. Observations feed the same expiry clock as polls.
+    async fn watch_lease(self: Arc<Self>, stop: CancellationToken) {
+        use futures::StreamExt;
+        use kube::runtime::WatchStreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let config =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.config.name));
+        let stream = watcher::watcher(self.api.clone(), config).default_backoff();
+        futures::pin_mut!(stream);
+        loop {
+            let next = tokio::select! {
+                _ = stop.cancelled() => return,
+                n = stream.next() => n,
+            };
+            let lease = match next {
+                Some(Ok(Event::Apply(l) | Event::InitApply(l))) => l,
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "lease watch failed; polling continues");
+                    continue;
+                }
+                None => return,
+            };
+            let released = {
+                let mut s = self.lock();
+                if s.leading || stop.is_cancelled() {
+                    return;
+                }
+                self.observe(&mut s, lease, Instant::now());
+                s.observed.holder.is_empty()
+            };
+            if released {
+                self.released.notify_one();
             }
         }
     }

@@ -194,7 +194,7 @@ pub async fn run(
     let election_task = elector.as_ref().map(|e| {
         let e = Arc::clone(e);
         let stop = election_stop.clone();
-        tokio::spawn(async move { e.run(stop).await })
+        tokio::spawn(e.run(stop))
     });
     let mut leading = elector.as_ref().map(|e| e.subscribe());
     if let Some(rx) = leading.as_mut() {
