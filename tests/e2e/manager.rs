@@ -358,11 +358,24 @@ async fn controllers_flag() -> Result<()> {
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let events = audit::read(&cluster().audit_log())?;
-    let watched = audit::watched_resources(&events, "pilothouse/");
+    let watched = audit::watched_resources(&events, "pilothouse/shared-informers");
     ensure!(
         watched.is_empty(),
-        "pilothouse watched {watched:?} with no controller enabled"
+        "pilothouse's caches watched {watched:?} with no controller enabled"
     );
+    // The only other watch is the election client following its own Lease.
+    for e in events
+        .iter()
+        .filter(|e| e.verb == "watch" && e.user_agent.contains("pilothouse/"))
+    {
+        ensure!(
+            e.user_agent.contains("pilothouse/leader-election")
+                && e.request_uri.contains("fieldSelector=metadata.name"),
+            "unexpected watch: {} {}",
+            e.user_agent,
+            e.request_uri
+        );
+    }
     // The election client did reach the API server under its own user agent.
     ensure!(
         events
