@@ -11,7 +11,7 @@ pub struct AuditEvent {
     pub verb: String,
     #[serde(default)]
     pub user_agent: String,
-    #[serde(default)]
+    #[serde(default, rename = "requestURI")]
     pub request_uri: String,
     #[serde(default)]
     pub object_ref: Option<ObjectRef>,
