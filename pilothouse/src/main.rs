@@ -30,7 +30,12 @@ fn catalogue() -> Vec<Registration> {
             &["endpointslicemirroring"],
         ),
         Registration::planned("node-lifecycle-controller", &["nodelifecycle"]),
-        Registration::planned("taint-eviction-controller", &[]),
+        Registration::built(
+            taint_eviction::NAME,
+            &[],
+            true,
+            Box::new(taint_eviction::init),
+        ),
         Registration::planned("node-maintenance-controller", &[]),
     ]
 }

@@ -7,7 +7,7 @@
 
 use crate::client::{self, ClientSpec, WriteFence};
 use crate::events::EventRecorder;
-use crate::flags::ControllerInfo;
+use crate::flags::{ControllerInfo, FeatureGates};
 use crate::informers::Informers;
 use crate::metrics::Metrics;
 use futures::future::BoxFuture;
@@ -37,6 +37,7 @@ pub struct Setup {
     pub informers: Arc<Informers>,
     pub metrics: Arc<Metrics>,
     pub events: EventRecorder,
+    pub gates: FeatureGates,
 }
 
 pub type InitFn = Box<dyn FnOnce(Setup) -> Result<Box<dyn Controller>, InitError> + Send>;
@@ -87,6 +88,7 @@ pub struct SetupFactory {
     pub informers: Arc<Informers>,
     pub metrics: Arc<Metrics>,
     pub identity: String,
+    pub gates: FeatureGates,
 }
 
 impl SetupFactory {
@@ -107,6 +109,7 @@ impl SetupFactory {
             client,
             informers: Arc::clone(&self.informers),
             metrics: Arc::clone(&self.metrics),
+            gates: self.gates,
         })
     }
 }

@@ -17,6 +17,55 @@ pub enum FlagError {
     PlannedController { name: String, built: String },
     #[error("--leader-elect-resource-lock={0:?} is not supported: Pilothouse only uses \"leases\"")]
     ResourceLock(String),
+    #[error("--feature-gates: {0}")]
+    FeatureGate(String),
+}
+
+/// Feature gates Pilothouse reads, with kube-controller-manager 1.37's defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FeatureGates {
+    /// Alpha in 1.37 (default off): `Lt`/`Gt` toleration operators.
+    pub taint_toleration_comparison_operators: bool,
+}
+
+impl Default for FeatureGates {
+    fn default() -> Self {
+        FeatureGates {
+            taint_toleration_comparison_operators: false,
+        }
+    }
+}
+
+impl FeatureGates {
+    const KNOWN: &'static [&'static str] = &["TaintTolerationComparisonOperators"];
+
+    /// Parses `Name=bool,...` as kube-controller-manager's `--feature-gates` does; an unknown name
+    /// or a non-boolean value is an error.
+    pub fn parse(items: &[String]) -> Result<FeatureGates, FlagError> {
+        let mut gates = FeatureGates::default();
+        for item in items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+            let (name, value) = item
+                .split_once('=')
+                .ok_or_else(|| FlagError::FeatureGate(format!("missing bool value for {item}")))?;
+            let value: bool = value.trim().parse().map_err(|_| {
+                FlagError::FeatureGate(format!(
+                    "invalid value of {name}={value}, err: not a boolean"
+                ))
+            })?;
+            match name.trim() {
+                "TaintTolerationComparisonOperators" => {
+                    gates.taint_toleration_comparison_operators = value
+                }
+                other => {
+                    return Err(FlagError::FeatureGate(format!(
+                        "unrecognized feature gate: {other} (known: {})",
+                        Self::KNOWN.join(", ")
+                    )));
+                }
+            }
+        }
+        Ok(gates)
+    }
 }
 
 /// Parses a Go `time.ParseDuration` string (sign, decimal numbers with units ns us µs ms s m h).
@@ -136,6 +185,11 @@ pub struct ManagerOptions {
     #[arg(long, default_value = "2s", value_parser = duration_arg)]
     pub shutdown_drain_timeout: Duration,
 
+    /// A set of key=value pairs for alpha/beta features, as kube-controller-manager's. Known:
+    /// TaintTolerationComparisonOperators=true|false (ALPHA - default=false).
+    #[arg(long, value_delimiter = ',', default_value = "")]
+    pub feature_gates: Vec<String>,
+
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub logging_format: LoggingFormat,
@@ -146,13 +200,14 @@ pub struct ManagerOptions {
 }
 
 impl ManagerOptions {
-    pub fn validate(&self) -> Result<(), FlagError> {
+    /// Checks the options and returns the parsed feature gates.
+    pub fn validate(&self) -> Result<FeatureGates, FlagError> {
         if self.leader_elect_resource_lock != "leases" {
             return Err(FlagError::ResourceLock(
                 self.leader_elect_resource_lock.clone(),
             ));
         }
-        Ok(())
+        FeatureGates::parse(&self.feature_gates)
     }
 }
 
@@ -338,6 +393,18 @@ mod tests {
         let (o, _) = parse(&["--leader-elect", "--v=2"]);
         assert!(o.leader_elect);
         assert_eq!(o.verbosity, 2);
+    }
+
+    #[test]
+    fn feature_gates_parse_like_kcm() {
+        assert_eq!(FeatureGates::parse(&[]).unwrap(), FeatureGates::default());
+        let g = FeatureGates::parse(&["TaintTolerationComparisonOperators=true".into()]).unwrap();
+        assert!(g.taint_toleration_comparison_operators);
+        assert!(FeatureGates::parse(&["Bogus=true".into()]).is_err());
+        assert!(FeatureGates::parse(&["TaintTolerationComparisonOperators=yes".into()]).is_err());
+        assert!(FeatureGates::parse(&["TaintTolerationComparisonOperators".into()]).is_err());
+        let (o, _) = parse(&["--feature-gates=TaintTolerationComparisonOperators=true"]);
+        assert!(o.validate().unwrap().taint_toleration_comparison_operators);
     }
 
     const CAT: &[ControllerInfo] = &[

@@ -87,7 +87,7 @@ pub async fn run(
     set: SetFlags,
     catalogue: Vec<Registration>,
 ) -> Result<Exit, ManagerError> {
-    opts.validate()?;
+    let gates = opts.validate()?;
     let infos: Vec<_> = catalogue.iter().map(|r| r.info).collect();
     let enabled = flags::resolve_controllers(&opts.controllers, &infos)?;
     tracing::info!(
@@ -154,6 +154,7 @@ pub async fn run(
         informers: Arc::clone(&informers),
         metrics: Arc::clone(&metrics),
         identity: identity.clone(),
+        gates,
     };
     let mut controllers = Vec::new();
     for reg in catalogue {

@@ -1,0 +1,175 @@
+//! TE-6/TE-7: mark a pod with `DisruptionTarget` and delete it.
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use serde_json::json;
+
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+pub const REASON: &str = "DeletionByTaintManager";
+pub const MESSAGE: &str = "Taint manager: deleting due to NoExecute taint";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActError {
+    #[error("reading pod: {0}")]
+    Get(#[source] kube::Error),
+    #[error("adding the DisruptionTarget condition: {0}")]
+    Patch(#[source] kube::Error),
+    #[error("deleting: {0}")]
+    Delete(#[source] kube::Error),
+}
+
+impl ActError {
+    /// A short label for metrics: the HTTP code, or `transport`.
+    pub fn reason(&self) -> String {
+        let e = match self {
+            ActError::Get(e) | ActError::Patch(e) | ActError::Delete(e) => e,
+        };
+        match e {
+            kube::Error::Api(s) => s.code.to_string(),
+            _ => "transport".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Evicted {
+    Deleted,
+    /// The pod is gone, or the name now belongs to another pod: nothing to do.
+    Gone,
+}
+
+fn is_gone(e: &kube::Error) -> bool {
+    // 404: deleted; 409 on a UID precondition: replaced by another pod of the same name.
+    matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+}
+
+/// Whether `pod` already carries our exact condition (then no status write is needed).
+pub fn has_condition(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == DISRUPTION_TARGET
+                    && c.status == "True"
+                    && c.reason.as_deref() == Some(REASON)
+                    && c.message.as_deref() == Some(MESSAGE)
+            })
+        })
+}
+
+/// The condition as upstream writes it (pod observed-generation tracking is GA in 1.37).
+pub fn condition(pod: &Pod, now: Timestamp) -> PodCondition {
+    let existing = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == DISRUPTION_TARGET));
+    // The transition time moves only when the status changes.
+    let last_transition = match existing {
+        Some(c) if c.status == "True" => c.last_transition_time.clone(),
+        _ => Some(Time(now)),
+    };
+    PodCondition {
+        type_: DISRUPTION_TARGET.into(),
+        status: "True".into(),
+        reason: Some(REASON.into()),
+        message: Some(MESSAGE.into()),
+        last_transition_time: last_transition,
+        observed_generation: pod.metadata.generation,
+        last_probe_time: None,
+    }
+}
+
+/// GETs the pod, checks it is still the one we timed (`uid`), writes the condition with a
+/// strategic-merge patch of `pods/status` (merged by condition type; never server-side apply,
+/// which fails on pods with duplicate list keys), then deletes it with a UID precondition.
+pub async fn evict(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Evicted, ActError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = match pods.get_opt(name).await.map_err(ActError::Get)? {
+        None => return Ok(Evicted::Gone),
+        Some(p) if p.metadata.uid.as_deref() != Some(uid) => return Ok(Evicted::Gone),
+        Some(p) => p,
+    };
+    if !has_condition(&pod) {
+        let patch = json!({
+            // The UID in the patch makes it a precondition: a replaced pod fails validation.
+            "metadata": {"uid": uid},
+            "status": {"conditions": [condition(&pod, Timestamp::now())]}
+        });
+        match pods
+            .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_gone(&e) => return Ok(Evicted::Gone),
+            Err(e) => return Err(ActError::Patch(e)),
+        }
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(name, &params).await {
+        Ok(_) => Ok(Evicted::Deleted),
+        Err(e) if is_gone(&e) => Ok(Evicted::Gone),
+        Err(e) => Err(ActError::Delete(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodStatus;
+
+    fn pod_with(conds: Vec<PodCondition>, generation: Option<i64>) -> Pod {
+        Pod {
+            metadata: kube::api::ObjectMeta {
+                generation,
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(PodStatus {
+                conditions: Some(conds),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn condition_matches_upstream_and_keeps_transition_time() {
+        let now = Timestamp::from_second(1000).unwrap();
+        let fresh = condition(&pod_with(vec![], Some(3)), now);
+        assert_eq!(fresh.type_, "DisruptionTarget");
+        assert_eq!(fresh.reason.as_deref(), Some("DeletionByTaintManager"));
+        assert_eq!(
+            fresh.message.as_deref(),
+            Some("Taint manager: deleting due to NoExecute taint")
+        );
+        assert_eq!(fresh.observed_generation, Some(3));
+        assert_eq!(fresh.last_transition_time, Some(Time(now)));
+        let earlier = Time(Timestamp::from_second(10).unwrap());
+        let other = PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("EvictionByEvictionAPI".into()),
+            last_transition_time: Some(earlier.clone()),
+            ..Default::default()
+        };
+        let p = pod_with(vec![other], None);
+        assert!(!has_condition(&p));
+        assert_eq!(condition(&p, now).last_transition_time, Some(earlier));
+        assert!(has_condition(&pod_with(vec![fresh], Some(3))));
+    }
+}
