@@ -7,40 +7,11 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
-use pilothouse_tests::cluster::{Cluster, ClusterOptions};
+use pilothouse_tests::cluster::ClusterOptions;
+use pilothouse_tests::harness::{cluster, log_dir, trial};
 use pilothouse_tests::{Pilothouse, audit, proxy::Proxy, unique, wait};
-use std::future::Future;
-use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::time::Instant;
-
-static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-
-fn cluster() -> &'static Cluster {
-    CLUSTER.get().expect("cluster started in main")
-}
-
-fn trial<F, Fut>(name: &'static str, f: F) -> Trial
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<()>>,
-{
-    Trial::test(name, move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(|e| Failed::from(e.to_string()))?;
-        rt.block_on(f()).map_err(|e| Failed::from(format!("{e:#}")))
-    })
-}
-
-fn log_dir() -> std::path::PathBuf {
-    let d = cluster().dir.join("pilothouse-logs");
-    std::fs::create_dir_all(&d).expect("log dir");
-    d
-}
 
 /// Election flags for a test: its own lease, default timings unless overridden.
 fn election_args(lease: &str, extra: &[&str]) -> Vec<String> {
@@ -677,9 +648,6 @@ async fn manifests_are_accepted() -> Result<()> {
 }
 
 fn main() {
-    let mut args = Arguments::from_args();
-    // Real-clock tests mostly wait: run them side by side.
-    args.test_threads.get_or_insert(8);
     let trials = vec![
         trial(
             "election_two_replicas_one_leads",
@@ -703,35 +671,5 @@ fn main() {
         ),
         trial("manifests_are_accepted", manifests_are_accepted),
     ];
-    let listing = args.list;
-    if !listing {
-        match Cluster::up(
-            &format!("manager-{}", std::process::id()),
-            ClusterOptions::default(),
-        ) {
-            Ok(c) => {
-                let _ = CLUSTER.set(c);
-            }
-            Err(e) => {
-                eprintln!("could not start the local control plane: {e:#}");
-                std::process::exit(1);
-            }
-        }
-    }
-    let conclusion = libtest_mimic::run(&args, trials);
-    if let Some(c) = CLUSTER.get() {
-        // OnceLock never drops: stop it explicitly, keeping the logs of a failed run.
-        let script = pilothouse_tests::repo_root().join("tests/cluster/down");
-        let mut down = std::process::Command::new(script);
-        down.arg("--dir").arg(&c.dir);
-        if conclusion.has_failed() {
-            down.arg("--keep-dir");
-            eprintln!(
-                "control plane and pilothouse logs kept in {}",
-                c.dir.display()
-            );
-        }
-        let _ = down.status();
-    }
-    conclusion.exit();
+    pilothouse_tests::harness::main("manager", ClusterOptions::default(), None, trials)
 }

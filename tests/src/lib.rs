@@ -6,6 +6,8 @@
 
 pub mod audit;
 pub mod cluster;
+pub mod harness;
+pub mod k8s;
 pub mod pilothouse;
 pub mod proxy;
 pub mod wait;
