@@ -112,6 +112,17 @@ async fn election_two_replicas_one_leads() -> Result<()> {
         "standby started acting:\n{}",
         standby.log_tail(20)
     );
+    // Controllers run on the leader only (this suite has no NoExecute taint for them to act on).
+    ensure!(
+        leader.log_text().contains("starting controller"),
+        "leader started no controller:\n{}",
+        leader.log_tail(20)
+    );
+    ensure!(
+        !standby.log_text().contains("starting controller"),
+        "standby started a controller:\n{}",
+        standby.log_tail(20)
+    );
     // Both are Ready (caches warm) and healthy.
     for p in [&leader, &standby] {
         ensure!(
@@ -322,39 +333,109 @@ async fn controllers_flag() -> Result<()> {
     )
     .await?;
     ensure!(ok.running(), "exited: {}", ok.log_tail(20));
+    // Every built controller but the Job controller.
     ensure!(
-        ok.log_text().contains("enabled=[]"),
-        "controllers enabled with none built:\n{}",
+        ok.log_text()
+            .contains("enabled=[\"taint-eviction-controller\"]"),
+        "{}",
         ok.log_tail(20)
     );
+    Ok(())
+}
+
+/// (e) With `--controllers` naming one controller only that controller runs, and the API
+/// server's audit log shows watches only for the resource types it needs; with it disabled no
+/// cache watches at all. On a control plane of its own, so the audit log holds only this test's
+/// Pilothouse processes.
+async fn controllers_flag_limits_watches() -> Result<()> {
+    use pilothouse_tests::cluster::Cluster;
+    let own = Cluster::up(
+        &unique("watches"),
+        ClusterOptions {
+            nodes: 0,
+            ..Default::default()
+        },
+    )?;
+    let dir = own.dir.join("pilothouse-logs");
+    std::fs::create_dir_all(&dir)?;
+    let watches_since =
+        |from: k8s_openapi::jiff::Timestamp| -> Result<std::collections::BTreeSet<String>> {
+            let events = audit::read(&own.audit_log())?;
+            let later: Vec<audit::AuditEvent> = events
+                .into_iter()
+                .filter(|e| e.received().is_some_and(|t| t >= from))
+                .collect();
+            let mut other = later
+                .iter()
+                .filter(|e| e.verb == "watch" && e.user_agent.contains("pilothouse/"))
+                .filter(|e| !e.user_agent.contains("pilothouse/shared-informers"));
+            // Besides the caches, only the election client watches, and only its own Lease.
+            if let Some(e) = other.find(|e| {
+                !(e.user_agent.contains("pilothouse/leader-election")
+                    && e.request_uri.contains("fieldSelector=metadata.name"))
+            }) {
+                bail!("unexpected watch: {} {}", e.user_agent, e.request_uri);
+            }
+            Ok(audit::watched_resources(
+                &later,
+                "pilothouse/shared-informers",
+            ))
+        };
+
+    let start = k8s_openapi::jiff::Timestamp::now();
+    let mut one = Pilothouse::spawn(
+        "only-tec",
+        &own.kubeconfig,
+        &dir,
+        &["--controllers=taint-eviction-controller".to_string()],
+    )?;
+    one.wait_log(
+        "starting controller controller=\"taint-eviction-controller\"",
+        Duration::from_secs(30),
+    )
+    .await?;
+    ensure!(
+        one.log_text().matches("starting controller").count() == 1,
+        "{}",
+        one.log_tail(20)
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let events = audit::read(&cluster().audit_log())?;
-    let watched = audit::watched_resources(&events, "pilothouse/shared-informers");
+    let watched = watches_since(start)?;
+    let want: std::collections::BTreeSet<String> =
+        ["nodes", "pods"].iter().map(|s| s.to_string()).collect();
+    ensure!(
+        watched == want,
+        "taint-eviction-controller alone watched {watched:?}, want {want:?}"
+    );
+    one.sigterm()?;
+    ensure!(one.wait_exit(Duration::from_secs(5)).await?.success());
+
+    let start = k8s_openapi::jiff::Timestamp::now();
+    let mut none = Pilothouse::spawn(
+        "no-tec",
+        &own.kubeconfig,
+        &dir,
+        &["--controllers=*,-taint-eviction-controller".to_string()],
+    )?;
+    none.wait_log(
+        "leading; waiting for caches to sync",
+        Duration::from_secs(30),
+    )
+    .await?;
+    ensure!(
+        none.log_text().contains("enabled=[]"),
+        "{}",
+        none.log_tail(20)
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let watched = watches_since(start)?;
     ensure!(
         watched.is_empty(),
-        "pilothouse's caches watched {watched:?} with no controller enabled"
+        "with no controller enabled the caches watched {watched:?}"
     );
-    // The only other watch is the election client following its own Lease.
-    for e in events
-        .iter()
-        .filter(|e| e.verb == "watch" && e.user_agent.contains("pilothouse/"))
-    {
-        ensure!(
-            e.user_agent.contains("pilothouse/leader-election")
-                && e.request_uri.contains("fieldSelector=metadata.name"),
-            "unexpected watch: {} {}",
-            e.user_agent,
-            e.request_uri
-        );
-    }
-    // The election client did reach the API server under its own user agent.
-    ensure!(
-        events
-            .iter()
-            .any(|e| e.user_agent.contains("pilothouse/leader-election")
-                && e.object_ref.as_ref().is_some_and(|o| o.name == lease)),
-        "no lease request from the leader-election client in the audit log"
-    );
+    none.sigterm()?;
+    ensure!(none.wait_exit(Duration::from_secs(5)).await?.success());
+    drop(own);
     Ok(())
 }
 
@@ -368,7 +449,14 @@ async fn health_metrics_and_no_election() -> Result<()> {
     )
     .await?;
     ensure!(p.http_get("/healthz").await? == (200, "ok\n".to_string()));
-    ensure!(p.http_get("/readyz").await?.0 == 200);
+    // Ready once the enabled controllers' caches have listed.
+    wait::until(
+        "/readyz to report ready",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { Ok((p.http_get("/readyz").await?.0 == 200).then_some(())) },
+    )
+    .await?;
     let (code, body) = p.http_get("/metrics").await?;
     ensure!(
         code == 200 && body.ends_with("# EOF\n"),
@@ -660,6 +748,10 @@ fn main() {
             election_partition_steps_down,
         ),
         trial("controllers_flag", controllers_flag),
+        trial(
+            "controllers_flag_limits_watches",
+            controllers_flag_limits_watches,
+        ),
         trial(
             "health_metrics_and_no_election",
             health_metrics_and_no_election,

@@ -15,6 +15,16 @@ pub struct AuditEvent {
     pub request_uri: String,
     #[serde(default)]
     pub object_ref: Option<ObjectRef>,
+    /// RFC 3339 with microseconds.
+    #[serde(default)]
+    pub request_received_timestamp: String,
+}
+
+impl AuditEvent {
+    /// When the API server received the request.
+    pub fn received(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        self.request_received_timestamp.parse().ok()
+    }
 }
 
 #[derive(Debug, Deserialize, Clone, Default)]
@@ -58,11 +68,14 @@ pub fn read(path: &Path) -> Result<Vec<AuditEvent>> {
     Ok(out)
 }
 
-/// Resources (plural names) watched by clients whose user agent contains `agent`.
+/// Resources (plural names) whose watches were started by clients whose user agent contains
+/// `agent` (a watch is logged again when it ends; only its start counts here).
 pub fn watched_resources(events: &[AuditEvent], agent: &str) -> std::collections::BTreeSet<String> {
     events
         .iter()
-        .filter(|e| e.verb == "watch" && e.user_agent.contains(agent))
+        .filter(|e| {
+            e.verb == "watch" && e.stage == "ResponseStarted" && e.user_agent.contains(agent)
+        })
         .filter_map(|e| e.object_ref.as_ref().map(|o| o.resource.clone()))
         .collect()
 }
