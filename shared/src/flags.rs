@@ -21,19 +21,11 @@ pub enum FlagError {
     FeatureGate(String),
 }
 
-/// Feature gates Pilothouse reads, with kube-controller-manager 1.37's defaults.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Feature gates Pilothouse reads, with kube-controller-manager 1.37's defaults (all off).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FeatureGates {
     /// Alpha in 1.37 (default off): `Lt`/`Gt` toleration operators.
     pub taint_toleration_comparison_operators: bool,
-}
-
-impl Default for FeatureGates {
-    fn default() -> Self {
-        FeatureGates {
-            taint_toleration_comparison_operators: false,
-        }
-    }
 }
 
 impl FeatureGates {

@@ -2,14 +2,15 @@
 //! TE rules), against a local control plane whose kube-controller-manager runs everything but
 //! the taint-eviction controller, with one Pilothouse running only that controller
 //! (`--controllers=taint-eviction-controller`: N16, "TEC alone"). Each test owns a namespace and
-//! a kwok node, so the tests run side by side.
+//! a kwok node, so the tests run side by side. Pilothouse runs as the `kube-system/pilothouse`
+//! ServiceAccount with the shipped RBAC, so these tests also prove that RBAC is sufficient.
 
 use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use pilothouse_tests::cluster::ClusterOptions;
-use pilothouse_tests::harness::{cluster, pilothouse, trial};
+use pilothouse_tests::harness::{SuitePilothouse, cluster, pilothouse, trial};
 use pilothouse_tests::k8s::{self, deleted, pod_on_node, taint};
 use pilothouse_tests::{unique, wait};
 use serde_json::{Value, json};
@@ -375,7 +376,10 @@ fn main() {
             nodes: 0,
             ..Default::default()
         },
-        Some(args),
+        Some(SuitePilothouse {
+            args,
+            as_service_account: true,
+        }),
         trials,
     )
 }

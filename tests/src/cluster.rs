@@ -95,6 +95,55 @@ impl Cluster {
         Ok(path)
     }
 
+    /// The folder of the control plane's binaries (kubectl, ...).
+    pub fn bin_dir(&self) -> Result<PathBuf> {
+        Ok(PathBuf::from(
+            std::fs::read_to_string(self.dir.join("bindir"))?.trim(),
+        ))
+    }
+
+    /// Runs kubectl against this control plane as admin.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(self.bin_dir()?.join("kubectl"))
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    /// Applies manifests/rbac.yaml and returns a kubeconfig that authenticates as the
+    /// `kube-system/pilothouse` ServiceAccount (a TokenRequest token), so a test run proves the
+    /// shipped RBAC is enough.
+    pub fn pilothouse_service_account_kubeconfig(&self) -> Result<PathBuf> {
+        let rbac = crate::repo_root().join("manifests/rbac.yaml");
+        self.kubectl(&["apply", "-f", &rbac.to_string_lossy()])?;
+        let token = self.kubectl(&[
+            "-n",
+            "kube-system",
+            "create",
+            "token",
+            "pilothouse",
+            "--duration=24h",
+        ])?;
+        let api = self.apiserver_port()?;
+        let ca = self.dir.join("pki/ca.crt");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: https://127.0.0.1:{api}\n    certificate-authority: {}\nusers:\n- name: pilothouse\n  user:\n    token: {}\ncontexts:\n- name: local\n  context: {{cluster: local, user: pilothouse}}\ncurrent-context: local\n",
+            ca.display(),
+            token.trim()
+        );
+        let path = self.dir.join("pilothouse-sa.kubeconfig");
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
     pub fn audit_log(&self) -> PathBuf {
         self.dir.join("audit.log")
     }

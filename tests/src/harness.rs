@@ -59,12 +59,20 @@ where
     })
 }
 
-/// Runs a suite: starts its control plane (and a Pilothouse with `pilothouse_args`, leading it,
-/// if given), runs the trials concurrently, stops everything, exits with the result.
+/// The Pilothouse a suite runs for all its tests.
+pub struct SuitePilothouse {
+    pub args: Vec<String>,
+    /// Run as the `kube-system/pilothouse` ServiceAccount with manifests/rbac.yaml applied (and
+    /// the default Lease name, which that RBAC names), rather than as cluster admin.
+    pub as_service_account: bool,
+}
+
+/// Runs a suite: starts its control plane (and a leading Pilothouse, if given), runs the trials
+/// concurrently, stops everything, exits with the result.
 pub fn main(
     suite: &str,
     opts: ClusterOptions,
-    pilothouse_args: Option<Vec<String>>,
+    suite_pilothouse: Option<SuitePilothouse>,
     trials: Vec<Trial>,
 ) -> ! {
     let mut args = Arguments::from_args();
@@ -85,17 +93,20 @@ pub fn main(
                 std::process::exit(1);
             }
         }
-        if let Some(extra) = pilothouse_args {
+        if let Some(sp) = suite_pilothouse {
             let started = rt.block_on(async {
-                let lease = crate::unique(suite);
-                let mut a = vec![format!("--leader-elect-resource-name={lease}")];
-                a.extend(extra);
-                let p = Pilothouse::spawn(
-                    &format!("{suite}-pilothouse"),
-                    &cluster().kubeconfig,
-                    &log_dir(),
-                    &a,
-                )?;
+                let (kubeconfig, mut a) = if sp.as_service_account {
+                    (cluster().pilothouse_service_account_kubeconfig()?, vec![])
+                } else {
+                    let lease = crate::unique(suite);
+                    (
+                        cluster().kubeconfig.clone(),
+                        vec![format!("--leader-elect-resource-name={lease}")],
+                    )
+                };
+                a.extend(sp.args);
+                let p =
+                    Pilothouse::spawn(&format!("{suite}-pilothouse"), &kubeconfig, &log_dir(), &a)?;
                 p.wait_log("starting controller", Duration::from_secs(60))
                     .await?;
                 Ok::<_, anyhow::Error>(p)
