@@ -81,12 +81,18 @@ async fn leader_and_standby(
     }
 }
 
+/// Two replicas on a fresh Lease: (lease, leader, standby, leader identity).
+async fn two_replicas(tag: &str) -> Result<(String, Pilothouse, Pilothouse, String)> {
+    let lease = unique(&format!("ph-{tag}"));
+    let a = spawn(&format!("{tag}-1"), &election_args(&lease, &[]))?;
+    let b = spawn(&format!("{tag}-2"), &election_args(&lease, &[]))?;
+    let (leader, standby, id) = leader_and_standby(a, b, &lease).await?;
+    Ok((lease, leader, standby, id))
+}
+
 /// (a) Two replicas: exactly one holds the Lease and acts; the other stays a warm standby.
 async fn election_two_replicas_one_leads() -> Result<()> {
-    let lease = unique("ph-a");
-    let a = spawn("a-1", &election_args(&lease, &[]))?;
-    let b = spawn("a-2", &election_args(&lease, &[]))?;
-    let (leader, standby, id) = leader_and_standby(a, b, &lease).await?;
+    let (lease, leader, standby, id) = two_replicas("a").await?;
     leader
         .wait_log(
             "leading; waiting for caches to sync",
@@ -141,10 +147,7 @@ async fn election_two_replicas_one_leads() -> Result<()> {
 
 /// (b) SIGKILL the leader: the standby leads within lease duration + one jittered retry period.
 async fn election_sigkill_failover() -> Result<()> {
-    let lease = unique("ph-b");
-    let a = spawn("b-1", &election_args(&lease, &[]))?;
-    let b = spawn("b-2", &election_args(&lease, &[]))?;
-    let (mut leader, standby, id) = leader_and_standby(a, b, &lease).await?;
+    let (lease, mut leader, standby, id) = two_replicas("b").await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let t0 = Instant::now();
     leader.sigkill()?;
@@ -179,10 +182,7 @@ async fn election_sigkill_failover() -> Result<()> {
 /// (c) SIGTERM the leader: it drains (≤ 2 s), releases the Lease, exits 0; the standby leads
 /// within one jittered retry period after the release (≤ 5 s in all).
 async fn election_sigterm_release() -> Result<()> {
-    let lease = unique("ph-c");
-    let a = spawn("c-1", &election_args(&lease, &[]))?;
-    let b = spawn("c-2", &election_args(&lease, &[]))?;
-    let (mut leader, standby, id) = leader_and_standby(a, b, &lease).await?;
+    let (lease, mut leader, standby, id) = two_replicas("c").await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let t0 = Instant::now();
     leader.sigterm()?;
