@@ -631,6 +631,171 @@ async fn kwok_pod_lifecycle() -> Result<()> {
     Ok(())
 }
 
+/// The kwok hooks node-level suites rely on: Leases renewed every ~2 s; a node unlabelled from
+/// kwok stops renewing (unreachable) and resumes when relabelled; `pilothouse.test/not-ready`
+/// makes it report Ready=False with a live Lease; pods report restarts on demand and honour a set
+/// termination delay.
+async fn kwok_node_and_pod_hooks() -> Result<()> {
+    use k8s_openapi::api::core::v1::Node;
+    use pilothouse_tests::k8s;
+    let client = cluster().client().await?;
+    let node = unique("hooks-node");
+    k8s::create_kwok_node(&client, &node, "zone-hooks").await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let renewed = || async {
+        let l = leases.get(&node).await?;
+        Ok::<_, anyhow::Error>(l.spec.and_then(|s| s.renew_time).map(|t| t.0))
+    };
+    // Renewed every ~2 s (lease duration 8 s / 4).
+    let r0 = renewed().await?;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let r1 = renewed().await?;
+    ensure!(r1 > r0, "lease not renewed within 3 s: {r0:?} -> {r1:?}");
+
+    // Unreachable: leave kwok's selector; the Lease stops.
+    let label =
+        |v: Option<&str>| serde_json::json!({"metadata": {"labels": {"pilothouse.test/kwok": v}}});
+    nodes
+        .patch(&node, &PatchParams::default(), &Patch::Merge(label(None)))
+        .await?;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let stopped = renewed().await?;
+    tokio::time::sleep(Duration::from_millis(5000)).await;
+    ensure!(
+        renewed().await? == stopped,
+        "lease still renewed after leaving kwok's selector"
+    );
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(label(Some("shared"))),
+        )
+        .await?;
+    wait::until(
+        "lease renewals to resume",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async { Ok((renewed().await? > stopped).then_some(())) },
+    )
+    .await?;
+
+    let ready = || async {
+        let n = nodes.get(&node).await?;
+        Ok::<_, anyhow::Error>(
+            n.status
+                .and_then(|s| s.conditions)
+                .and_then(|cs| cs.into_iter().find(|c| c.type_ == "Ready"))
+                .map(|c| c.status),
+        )
+    };
+    // kube-controller-manager marked it Unknown meanwhile; kwok reports Ready again.
+    wait::until(
+        "Ready=True after recovery",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok((ready().await?.as_deref() == Some("True")).then_some(())) },
+    )
+    .await?;
+    let not_ready = |v: Option<&str>| serde_json::json!({"metadata": {"labels": {"pilothouse.test/not-ready": v}}});
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(not_ready(Some("true"))),
+        )
+        .await?;
+    wait::until(
+        "Ready=False",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async { Ok((ready().await?.as_deref() == Some("False")).then_some(())) },
+    )
+    .await?;
+    let before = renewed().await?;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    ensure!(
+        renewed().await? > before,
+        "a not-ready node must keep renewing its lease"
+    );
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(not_ready(None)),
+        )
+        .await?;
+    wait::until(
+        "Ready=True again",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async { Ok((ready().await?.as_deref() == Some("True")).then_some(())) },
+    )
+    .await?;
+
+    // Pods: restarts on demand, and a set termination delay.
+    let ns = cluster().namespace("hooks").await?;
+    k8s::wait_service_account(&client, &ns).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "finalizers": ["pilothouse.test/hold"], "annotations": {"pilothouse.test/terminate-after": "2s"}},
+        "spec": {"nodeName": node, "restartPolicy": "OnFailure", "terminationGracePeriodSeconds": 60,
+                 "containers": [{"name": "c", "image": "busybox"}]}
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let restarts = || async {
+        let p = pods.get("p").await?;
+        Ok::<_, anyhow::Error>((
+            p.status.as_ref().and_then(|s| s.phase.clone()),
+            p.status
+                .and_then(|s| s.container_statuses)
+                .and_then(|c| c.first().map(|c| c.restart_count)),
+            p.metadata.resource_version,
+        ))
+    };
+    wait::until(
+        "pod running",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { Ok((restarts().await?.0.as_deref() == Some("Running")).then_some(())) },
+    )
+    .await?;
+    for n in [2, 3] {
+        let a = serde_json::json!({"metadata": {"annotations": {"pilothouse.test/restarts": n.to_string()}}});
+        pods.patch("p", &PatchParams::default(), &Patch::Merge(a))
+            .await?;
+        wait::until(
+            &format!("restartCount {n}"),
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            || async { Ok((restarts().await?.1 == Some(n)).then_some(())) },
+        )
+        .await?;
+    }
+    let rv = restarts().await?.2;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(restarts().await?.2 == rv, "kwok keeps rewriting the pod");
+    let t0 = Instant::now();
+    pods.delete("p", &DeleteParams::default()).await?;
+    wait::until(
+        "pod terminated",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async { Ok((restarts().await?.0.as_deref() == Some("Failed")).then_some(())) },
+    )
+    .await?;
+    let took = t0.elapsed();
+    ensure!(
+        took >= Duration::from_millis(1500) && took <= Duration::from_secs(6),
+        "terminated after {took:?}, want ~2 s (not the 60 s grace)"
+    );
+    k8s::release_pods(&client, &ns).await?;
+    k8s::delete_node(&client, &node).await?;
+    cluster().delete_namespace(&ns).await?;
+    Ok(())
+}
+
 /// The in-test webhook: rejects chosen requests a set number of times, delays others, and sees
 /// who asked.
 async fn webhook_rejects_then_allows_and_delays() -> Result<()> {
@@ -757,6 +922,7 @@ fn main() {
             health_metrics_and_no_election,
         ),
         trial("kwok_pod_lifecycle", kwok_pod_lifecycle),
+        trial("kwok_node_and_pod_hooks", kwok_node_and_pod_hooks),
         trial(
             "webhook_rejects_then_allows_and_delays",
             webhook_rejects_then_allows_and_delays,
