@@ -15,11 +15,13 @@ use std::process::ExitCode;
 struct Cli {
     #[command(flatten)]
     manager: ManagerOptions,
+    #[command(flatten)]
+    node_lifecycle: node_lifecycle::NodeLifecycleOptions,
 }
 
 /// Every controller Pilothouse hosts or plans to host, with kube-controller-manager's names and
 /// aliases. A planned controller cannot be enabled.
-fn catalogue() -> Vec<Registration> {
+fn catalogue(cli: &Cli) -> Vec<Registration> {
     vec![
         Registration::planned("job-controller", &["job"]),
         Registration::planned("cronjob-controller", &["cronjob"]),
@@ -29,7 +31,12 @@ fn catalogue() -> Vec<Registration> {
             "endpointslice-mirroring-controller",
             &["endpointslicemirroring"],
         ),
-        Registration::planned("node-lifecycle-controller", &["nodelifecycle"]),
+        Registration::built(
+            node_lifecycle::NAME,
+            &["nodelifecycle"],
+            true,
+            Box::new(node_lifecycle::init(cli.node_lifecycle.clone())),
+        ),
         Registration::built(
             taint_eviction::NAME,
             &[],
@@ -59,7 +66,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(manager::run(cli.manager, set, catalogue())) {
+    let catalogue = catalogue(&cli);
+    match runtime.block_on(manager::run(cli.manager, set, catalogue)) {
         Ok(Exit::Stopped) => ExitCode::SUCCESS,
         Ok(Exit::LeaseLost) => {
             tracing::error!("leaderelection lost");
@@ -77,6 +85,28 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
+    fn cli() -> Cli {
+        Cli::parse_from(["pilothouse"])
+    }
+
+    #[test]
+    fn node_lifecycle_flags_have_kcm_defaults() {
+        let o = cli().node_lifecycle;
+        assert_eq!(o.node_monitor_period, std::time::Duration::from_secs(5));
+        assert_eq!(
+            o.node_monitor_grace_period,
+            std::time::Duration::from_secs(50)
+        );
+        assert_eq!(
+            o.node_startup_grace_period,
+            std::time::Duration::from_secs(60)
+        );
+        assert_eq!(o.node_eviction_rate, 0.1);
+        assert_eq!(o.secondary_node_eviction_rate, 0.01);
+        assert_eq!(o.large_cluster_size_threshold, 50);
+        assert_eq!(o.unhealthy_zone_threshold, 0.55);
+    }
+
     /// `tests/cluster/up` turns off in kube-controller-manager exactly the controllers listed in
     /// tests/cluster/replaced-controllers: that list must be the set this binary can run.
     #[test]
@@ -92,7 +122,7 @@ mod tests {
             .filter(|l| !l.is_empty())
             .collect();
         listed.sort_unstable();
-        let mut built: Vec<&str> = catalogue()
+        let mut built: Vec<&str> = catalogue(&cli())
             .iter()
             .filter(|r| r.info.built)
             .map(|r| r.info.name)
@@ -105,7 +135,7 @@ mod tests {
 
     #[test]
     fn catalogue_has_every_kcm_name_and_alias_once() {
-        let cat = catalogue();
+        let cat = catalogue(&cli());
         let mut names: Vec<&str> = cat
             .iter()
             .flat_map(|r| std::iter::once(r.info.name).chain(r.info.aliases.iter().copied()))

@@ -38,6 +38,8 @@ pub struct Setup {
     pub metrics: Arc<Metrics>,
     pub events: EventRecorder,
     pub gates: FeatureGates,
+    /// This replica's identity (`<hostname>_<uuid>`), e.g. for a recorder of another source name.
+    pub identity: String,
 }
 
 pub type InitFn = Box<dyn FnOnce(Setup) -> Result<Box<dyn Controller>, InitError> + Send>;
@@ -110,6 +112,7 @@ impl SetupFactory {
             informers: Arc::clone(&self.informers),
             metrics: Arc::clone(&self.metrics),
             gates: self.gates,
+            identity: self.identity.clone(),
         })
     }
 }

@@ -105,7 +105,8 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, FlagError> {
     Duration::try_from_secs_f64(total).map_err(|_| err())
 }
 
-fn duration_arg(s: &str) -> Result<Duration, String> {
+/// clap value parser for Go-style durations.
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_go_duration(s).map_err(|e| e.to_string())
 }
 

@@ -372,12 +372,18 @@ trait AnyInformer: Send + Sync {
     fn resource(&self) -> String;
     fn has_synced(&self) -> bool;
     fn start(&self, client: Client, stop: CancellationToken);
+    fn namespace(&self) -> Option<String>;
 }
 
 struct Entry<K> {
     informer: Arc<Informer<K>>,
     started: AtomicBool,
+    /// `Some(ns)`: the watch covers only that namespace.
+    namespace: Option<String>,
+    api: ApiFn<K>,
 }
+
+type ApiFn<K> = Box<dyn Fn(Client) -> Api<K> + Send + Sync>;
 
 impl<K: Watched> AnyInformer for Entry<K> {
     fn as_any(&self) -> Arc<dyn Any + Send + Sync> {
@@ -389,11 +395,14 @@ impl<K: Watched> AnyInformer for Entry<K> {
     fn has_synced(&self) -> bool {
         self.informer.has_synced()
     }
+    fn namespace(&self) -> Option<String> {
+        self.namespace.clone()
+    }
     fn start(&self, client: Client, stop: CancellationToken) {
         if self.started.swap(true, Ordering::AcqRel) {
             return;
         }
-        let api = Api::<K>::all(client);
+        let api = (self.api)(client);
         // resourceVersion=0 lists from the API server's watch cache, as client-go informers do.
         let config = watcher::Config::default().any_semantic();
         tokio::spawn(Arc::clone(&self.informer).run(api, config, stop));
@@ -421,9 +430,33 @@ impl Informers {
     /// The shared informer for `K`, created on first request. Its watch starts with
     /// [`Informers::start`] (or at once if the registry already started).
     pub fn get<K: Watched>(&self) -> Arc<Informer<K>> {
+        self.get_scoped(None, Box::new(Api::all))
+    }
+
+    /// The shared informer for `K` restricted to one namespace (e.g. node Leases in
+    /// `kube-node-lease`), so the process neither lists nor needs RBAC for the rest.
+    ///
+    /// # Panics
+    /// If `K` was already requested with another scope: there is one watch per type, and that
+    /// is a wiring mistake found at start-up.
+    pub fn get_namespaced<K>(&self, namespace: &str) -> Arc<Informer<K>>
+    where
+        K: Watched + Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        let ns = namespace.to_string();
+        self.get_scoped(Some(ns.clone()), Box::new(move |c| Api::namespaced(c, &ns)))
+    }
+
+    fn get_scoped<K: Watched>(&self, namespace: Option<String>, api: ApiFn<K>) -> Arc<Informer<K>> {
         let mut entries = self.entries.lock().expect("registry lock");
         let id = TypeId::of::<K>();
         if let Some((_, e)) = entries.iter().find(|(t, _)| *t == id) {
+            assert_eq!(
+                e.namespace(),
+                namespace,
+                "{} requested with two scopes; one watch per type",
+                e.resource()
+            );
             return e
                 .as_any()
                 .downcast::<Informer<K>>()
@@ -432,6 +465,8 @@ impl Informers {
         let entry = Entry {
             informer: Arc::new(Informer::<K>::new()),
             started: AtomicBool::new(false),
+            namespace,
+            api,
         };
         let informer = Arc::clone(&entry.informer);
         if self.started.load(Ordering::Acquire) {

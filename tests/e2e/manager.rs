@@ -14,11 +14,16 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Election flags for a test: its own lease, default timings unless overridden.
+/// Controllers run only the taint-eviction controller: kube-controller-manager keeps node
+/// lifecycle for this suite's nodes, and no NoExecute taint exists here for the TEC to act on.
 fn election_args(lease: &str, extra: &[&str]) -> Vec<String> {
     let mut v = vec![
         format!("--leader-elect-resource-name={lease}"),
         "--leader-elect-resource-namespace=kube-system".to_string(),
     ];
+    if !extra.iter().any(|a| a.starts_with("--controllers")) {
+        v.push("--controllers=taint-eviction-controller".to_string());
+    }
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
@@ -325,7 +330,10 @@ async fn controllers_flag() -> Result<()> {
 
     let mut ok = spawn(
         "e-star",
-        &election_args(&lease, &["--controllers=*,-job-controller"]),
+        &election_args(
+            &lease,
+            &["--controllers=*,-job-controller,-node-lifecycle-controller"],
+        ),
     )?;
     ok.wait_log(
         "leading; waiting for caches to sync",
@@ -333,7 +341,7 @@ async fn controllers_flag() -> Result<()> {
     )
     .await?;
     ensure!(ok.running(), "exited: {}", ok.log_tail(20));
-    // Every built controller but the Job controller.
+    // Every built controller but those named (node lifecycle stays with kcm in this suite).
     ensure!(
         ok.log_text()
             .contains("enabled=[\"taint-eviction-controller\"]"),
@@ -411,11 +419,36 @@ async fn controllers_flag_limits_watches() -> Result<()> {
     ensure!(one.wait_exit(Duration::from_secs(5)).await?.success());
 
     let start = k8s_openapi::jiff::Timestamp::now();
-    let mut none = Pilothouse::spawn(
-        "no-tec",
+    let mut nlc = Pilothouse::spawn(
+        "only-nlc",
         &own.kubeconfig,
         &dir,
-        &["--controllers=*,-taint-eviction-controller".to_string()],
+        &["--controllers=nodelifecycle".to_string()],
+    )?;
+    nlc.wait_log(
+        "starting controller controller=\"node-lifecycle-controller\"",
+        Duration::from_secs(30),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let watched = watches_since(start)?;
+    let want: std::collections::BTreeSet<String> = ["leases", "nodes", "pods"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    ensure!(
+        watched == want,
+        "node-lifecycle-controller alone watched {watched:?}, want {want:?}"
+    );
+    nlc.sigterm()?;
+    ensure!(nlc.wait_exit(Duration::from_secs(5)).await?.success());
+
+    let start = k8s_openapi::jiff::Timestamp::now();
+    let mut none = Pilothouse::spawn(
+        "none",
+        &own.kubeconfig,
+        &dir,
+        &["--controllers=*,-taint-eviction-controller,-node-lifecycle-controller".to_string()],
     )?;
     none.wait_log(
         "leading; waiting for caches to sync",
@@ -929,5 +962,10 @@ fn main() {
         ),
         trial("manifests_are_accepted", manifests_are_accepted),
     ];
-    pilothouse_tests::harness::main("manager", ClusterOptions::default(), None, trials)
+    // kube-controller-manager keeps node lifecycle here; the replicas under test run the TEC.
+    let opts = ClusterOptions {
+        replace: Some(vec!["taint-eviction-controller"]),
+        ..Default::default()
+    };
+    pilothouse_tests::harness::main("manager", opts, None, trials)
 }

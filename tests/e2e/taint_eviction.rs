@@ -372,8 +372,11 @@ fn main() {
     ];
     pilothouse_tests::harness::main(
         "taint-eviction",
+        // kube-controller-manager keeps its node-lifecycle controller: the Pilothouse under test
+        // takes over the taint-eviction controller only.
         ClusterOptions {
             nodes: 0,
+            replace: Some(vec!["taint-eviction-controller"]),
             ..Default::default()
         },
         Some(SuitePilothouse {

@@ -21,6 +21,9 @@ pub struct ClusterOptions {
     pub reference: bool,
     pub nodes: u32,
     pub zones: u32,
+    /// The kube-controller-manager controllers to turn off (those the suite's Pilothouse runs);
+    /// `None`: every controller Pilothouse has built.
+    pub replace: Option<Vec<&'static str>>,
 }
 
 impl Default for ClusterOptions {
@@ -29,6 +32,7 @@ impl Default for ClusterOptions {
             reference: false,
             nodes: 3,
             zones: 3,
+            replace: None,
         }
     }
 }
@@ -46,6 +50,9 @@ impl Cluster {
             .arg(format!("--zones={}", opts.zones));
         if opts.reference {
             cmd.arg("--reference");
+        }
+        if let Some(list) = &opts.replace {
+            cmd.arg(format!("--replace={}", list.join(",")));
         }
         let out = cmd
             .output()

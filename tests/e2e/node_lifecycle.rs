@@ -1,0 +1,494 @@
+//! End-to-end tests of `node-lifecycle-controller` (spec §2, scenarios N1..N4, N6), with the
+//! spec's accelerated profile (P=1s, G=10s, startup grace 20s, default tolerations 30s) and
+//! Pilothouse running both node controllers as the `kube-system/pilothouse` ServiceAccount.
+//! kube-controller-manager has both turned off. Each test owns its zone and nodes; the three
+//! kwok nodes of `tests/cluster/up` keep other zones healthy.
+//!
+//! A node *fails* when it leaves kwok's label selector (its Lease stops) and *recovers* when it
+//! is relabelled. E = its last Lease renewTime + G.
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use pilothouse_tests::cluster::ClusterOptions;
+use pilothouse_tests::harness::{SuitePilothouse, cluster, trial};
+use pilothouse_tests::k8s::{self, deleted, pod_on_node};
+use pilothouse_tests::{unique, wait};
+use serde_json::json;
+use std::time::Duration;
+
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+const NOT_READY: &str = "node.kubernetes.io/not-ready";
+const GRACE: Duration = Duration::from_secs(10);
+/// The spec's tolerance for transitions: E … E+1.5s.
+const TOLERANCE: Duration = Duration::from_millis(1500);
+
+struct Fixture {
+    client: Client,
+    nodes: Api<Node>,
+    zone: String,
+}
+
+impl Fixture {
+    async fn new(prefix: &str) -> Result<Fixture> {
+        let client = cluster().client().await?;
+        Ok(Fixture {
+            nodes: Api::all(client.clone()),
+            client,
+            zone: unique(prefix),
+        })
+    }
+
+    async fn node(&self, name: &str) -> Result<String> {
+        let name = unique(name);
+        k8s::create_kwok_node(&self.client, &name, &self.zone).await?;
+        Ok(name)
+    }
+
+    async fn fail(&self, node: &str) -> Result<Timestamp> {
+        let patch = json!({"metadata": {"labels": {"pilothouse.test/kwok": null}}});
+        self.nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        // A renewal already under way may still land: wait for the last one.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        self.renew_time(node).await?.context("node has no Lease")
+    }
+
+    async fn recover(&self, node: &str) -> Result<()> {
+        let patch = json!({"metadata": {"labels": {"pilothouse.test/kwok": "shared"}}});
+        self.nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        Ok(())
+    }
+
+    async fn renew_time(&self, node: &str) -> Result<Option<Timestamp>> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
+        Ok(leases
+            .get_opt(node)
+            .await?
+            .and_then(|l| l.spec?.renew_time.map(|t| t.0)))
+    }
+
+    async fn get(&self, node: &str) -> Result<Node> {
+        Ok(self.nodes.get(node).await?)
+    }
+
+    async fn cleanup(&self, nodes: &[&str]) -> Result<()> {
+        for n in nodes {
+            k8s::delete_node(&self.client, n).await?;
+        }
+        Ok(())
+    }
+}
+
+fn has_taint(node: &Node, key: &str, effect: &str) -> bool {
+    k8s::taints(node)
+        .iter()
+        .any(|t| t.key == key && t.effect == effect)
+}
+
+fn condition(node: &Node, t: &str) -> Option<(String, String)> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+/// Wall-clock time until `deadline` (negative → zero).
+fn until(deadline: Timestamp) -> Duration {
+    Timestamp::now()
+        .duration_until(deadline)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Seconds from `e` to now (negative if before).
+fn since(e: Timestamp) -> f64 {
+    e.duration_until(Timestamp::now()).as_secs_f64()
+}
+
+/// N1: heartbeat loss. Conditions Unknown, NodeNotReady, the pod NotReady, both unreachable
+/// taints by E+1.5s; the pod is deleted 30 s after the NoExecute taint by the TEC.
+async fn n1_heartbeat_loss() -> Result<()> {
+    let f = Fixture::new("z1").await?;
+    let mut names = vec![];
+    for i in 0..4 {
+        names.push(f.node(&format!("n1-{i}")).await?);
+    }
+    let n1 = names[0].clone();
+    let ns = cluster().namespace("n1").await?;
+    k8s::wait_service_account(&f.client, &ns).await?;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &ns);
+    pods.create(&PostParams::default(), &pod_on_node("p1", &n1, json!([]))?)
+        .await?;
+    wait::until(
+        "p1 ready",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let p = pods.get("p1").await?;
+            Ok(k8s::condition(&p, "Ready")
+                .is_some_and(|c| c.status == "True")
+                .then_some(()))
+        },
+    )
+    .await?;
+
+    let last = f.fail(&n1).await?;
+    let e = last + GRACE;
+    let tainted = wait::until(
+        "n1 Unknown and tainted unreachable",
+        until(e) + TOLERANCE + Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async {
+            let n = f.get(&n1).await?;
+            let done = condition(&n, "Ready").is_some_and(|(s, _)| s == "Unknown")
+                && has_taint(&n, UNREACHABLE, "NoExecute")
+                && has_taint(&n, UNREACHABLE, "NoSchedule");
+            Ok(done.then_some((n, Timestamp::now())))
+        },
+    )
+    .await?;
+    let (node, at) = tainted;
+    let late = e.duration_until(at).as_secs_f64();
+    println!("MEASURE n1: Unknown + both unreachable taints observed {late:.3}s after E");
+    ensure!(
+        late <= TOLERANCE.as_secs_f64(),
+        "observed {late:.3}s after E"
+    );
+    ensure!(late > -0.2, "tainted {late:.3}s before the grace ran out");
+    for t in ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"] {
+        ensure!(
+            condition(&node, t) == Some(("Unknown".into(), "NodeStatusUnknown".into())),
+            "{t}: {:?}",
+            condition(&node, t)
+        );
+    }
+    ensure!(
+        k8s::taints(&node)
+            .iter()
+            .filter(|t| t.key == UNREACHABLE)
+            .all(|t| t.time_added.is_some()),
+        "timeAdded missing: {:?}",
+        k8s::taints(&node)
+    );
+    // NodeNotReady on the node (events for cluster-scoped objects land in "default").
+    let ev = k8s::events(&f.client, "default", &n1, "NodeNotReady").await?;
+    ensure!(
+        ev.iter()
+            .any(|e| e.note.as_deref() == Some(&format!("Node {n1} status is now: NodeNotReady"))),
+        "{ev:?}"
+    );
+    ensure!(
+        ev.iter()
+            .all(|e| e.reporting_controller.as_deref() == Some("node-controller")),
+        "{ev:?}"
+    );
+    let p1 = wait::until(
+        "p1 NotReady",
+        Duration::from_secs(3),
+        Duration::from_millis(100),
+        || async {
+            let p = pods.get("p1").await?;
+            Ok(k8s::condition(&p, "Ready")
+                .is_some_and(|c| c.status == "False")
+                .then_some(p))
+        },
+    )
+    .await?;
+    ensure!(p1.metadata.deletion_timestamp.is_none());
+    let pod_ev = k8s::events(&f.client, &ns, "p1", "NodeNotReady").await?;
+    ensure!(
+        pod_ev.iter().any(|e| e.type_.as_deref() == Some("Warning")
+            && e.note.as_deref() == Some("Node is not ready")),
+        "{pod_ev:?}"
+    );
+
+    // Default tolerations (30 s in this profile): deleted by the TEC 30 s after the taint.
+    let taint_seen = std::time::Instant::now();
+    wait::until(
+        "p1 deleted",
+        Duration::from_secs(40),
+        Duration::from_millis(100),
+        || async { Ok(deleted(&pods, "p1").await?.then_some(())) },
+    )
+    .await?;
+    let after = taint_seen.elapsed();
+    println!(
+        "MEASURE n1: p1 deleted {:.2}s after the taint was observed",
+        after.as_secs_f64()
+    );
+    ensure!(
+        after >= Duration::from_secs(28) && after <= Duration::from_secs(32),
+        "p1 deleted {after:?} after the taint"
+    );
+    let p = pods.get("p1").await?;
+    ensure!(
+        k8s::condition(&p, "DisruptionTarget")
+            .is_some_and(|c| c.reason.as_deref() == Some("DeletionByTaintManager"))
+    );
+    k8s::release_pods(&f.client, &ns).await?;
+    cluster().delete_namespace(&ns).await?;
+    f.cleanup(&names.iter().map(String::as_str).collect::<Vec<_>>())
+        .await
+}
+
+/// N2: a node with no Ready condition whose Lease is renewed stays healthy past the startup
+/// grace (in-test heartbeat writer, no kwok).
+async fn n2_lease_only_node() -> Result<()> {
+    let f = Fixture::new("z2").await?;
+    let name = unique("n2");
+    let node: Node = serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": f.zone}}}),
+    )?;
+    f.nodes.create(&PostParams::default(), &node).await?;
+    let leases: Api<Lease> = Api::namespaced(f.client.clone(), "kube-node-lease");
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": MicroTime(Timestamp::now())}
+    }))?;
+    leases.create(&PostParams::default(), &lease).await?;
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let patch = json!({"spec": {"renewTime": MicroTime(Timestamp::now())}});
+        leases
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        let n = f.get(&name).await?;
+        ensure!(
+            condition(&n, "Ready").is_none(),
+            "conditions written for a lease-only node: {:?}",
+            n.status
+        );
+        ensure!(
+            !has_taint(&n, UNREACHABLE, "NoExecute"),
+            "lease-only node tainted"
+        );
+    }
+    // The admission not-ready:NoSchedule taint went on the first pass (NL-8).
+    ensure!(!has_taint(&f.get(&name).await?, NOT_READY, "NoSchedule"));
+    f.cleanup(&[&name]).await
+}
+
+/// N3: a bare node (no conditions, no Lease): the admission taint is removed on the first pass;
+/// at creation + startup grace the four conditions are NodeStatusNeverUpdated and both
+/// unreachable taints appear.
+async fn n3_startup_grace() -> Result<()> {
+    let f = Fixture::new("z3").await?;
+    let name = unique("n3");
+    let node: Node = serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": f.zone}}}),
+    )?;
+    let created = f.nodes.create(&PostParams::default(), &node).await?;
+    ensure!(
+        has_taint(&created, NOT_READY, "NoSchedule"),
+        "admission did not add not-ready:NoSchedule"
+    );
+    let born = created
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .context("no creationTimestamp")?;
+    wait::until(
+        "the admission taint removed",
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || async { Ok((!has_taint(&f.get(&name).await?, NOT_READY, "NoSchedule")).then_some(())) },
+    )
+    .await?;
+    let due = born + Duration::from_secs(20);
+    let (n, at) = wait::until(
+        "NodeStatusNeverUpdated and unreachable taints",
+        until(due) + Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async {
+            let n = f.get(&name).await?;
+            let done = condition(&n, "Ready").is_some()
+                && has_taint(&n, UNREACHABLE, "NoExecute")
+                && has_taint(&n, UNREACHABLE, "NoSchedule");
+            Ok(done.then_some((n, Timestamp::now())))
+        },
+    )
+    .await?;
+    let late = due.duration_until(at).as_secs_f64();
+    println!("MEASURE n3: startup grace expiry handled {late:.3}s after creation + 20s");
+    // creationTimestamp has whole seconds: allow one second early.
+    ensure!(
+        late >= -1.0 && late <= TOLERANCE.as_secs_f64(),
+        "{late:.3}s"
+    );
+    for t in ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"] {
+        ensure!(
+            condition(&n, t) == Some(("Unknown".into(), "NodeStatusNeverUpdated".into())),
+            "{t}: {:?}",
+            condition(&n, t)
+        );
+    }
+    // A node that never had Ready gets no NodeNotReady.
+    ensure!(
+        k8s::events(&f.client, "default", &name, "NodeNotReady")
+            .await?
+            .is_empty()
+    );
+    f.cleanup(&[&name]).await
+}
+
+/// N4: the kubelet reports Ready=False with a live Lease: not-ready NoSchedule and NoExecute
+/// taints within 1 s, Ready stays False, no NodeNotReady from the controller.
+async fn n4_ready_false() -> Result<()> {
+    let f = Fixture::new("z4").await?;
+    let a = f.node("n4-a").await?;
+    let b = f.node("n4-b").await?;
+    let patch = json!({"metadata": {"labels": {"pilothouse.test/not-ready": "true"}}});
+    f.nodes
+        .patch(&a, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    let seen = wait::until(
+        "Ready=False",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            Ok(
+                (condition(&f.get(&a).await?, "Ready").is_some_and(|(s, _)| s == "False"))
+                    .then(std::time::Instant::now),
+            )
+        },
+    )
+    .await?;
+    wait::until(
+        "not-ready taints",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async {
+            let n = f.get(&a).await?;
+            Ok(
+                (has_taint(&n, NOT_READY, "NoExecute") && has_taint(&n, NOT_READY, "NoSchedule"))
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    let took = seen.elapsed();
+    println!(
+        "MEASURE n4: not-ready taints {:.3}s after Ready=False was observed",
+        took.as_secs_f64()
+    );
+    ensure!(took <= TOLERANCE, "{took:?}");
+    let n = f.get(&a).await?;
+    ensure!(condition(&n, "Ready").is_some_and(|(s, _)| s == "False"));
+    ensure!(
+        !has_taint(&n, UNREACHABLE, "NoExecute"),
+        "both NoExecute taints"
+    );
+    ensure!(
+        k8s::events(&f.client, "default", &a, "NodeNotReady")
+            .await?
+            .is_empty(),
+        "NodeNotReady for a kubelet-reported state"
+    );
+    // Recovery removes both.
+    let patch = json!({"metadata": {"labels": {"pilothouse.test/not-ready": null}}});
+    f.nodes
+        .patch(&a, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    wait::until(
+        "taints gone after recovery",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            let n = f.get(&a).await?;
+            Ok(
+                (!has_taint(&n, NOT_READY, "NoExecute") && !has_taint(&n, NOT_READY, "NoSchedule"))
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    f.cleanup(&[&a, &b]).await
+}
+
+/// N6 (node side): after recovery both unreachable taints go within 1.5 s of the renewed Lease
+/// being seen.
+async fn n6_recovery_removes_taints() -> Result<()> {
+    let f = Fixture::new("z6").await?;
+    let a = f.node("n6-a").await?;
+    let b = f.node("n6-b").await?;
+    let last = f.fail(&a).await?;
+    wait::until(
+        "n6 tainted",
+        until(last + GRACE) + Duration::from_secs(5),
+        Duration::from_millis(100),
+        || async { Ok(has_taint(&f.get(&a).await?, UNREACHABLE, "NoExecute").then_some(())) },
+    )
+    .await?;
+    f.recover(&a).await?;
+    let renewed = wait::until(
+        "a renewal after recovery",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async { Ok((f.renew_time(&a).await? > Some(last)).then_some(Timestamp::now())) },
+    )
+    .await?;
+    wait::until(
+        "unreachable taints removed",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || async {
+            let n = f.get(&a).await?;
+            Ok((!has_taint(&n, UNREACHABLE, "NoExecute")
+                && !has_taint(&n, UNREACHABLE, "NoSchedule"))
+            .then_some(()))
+        },
+    )
+    .await?;
+    let took = since(renewed);
+    println!("MEASURE n6: unreachable taints removed {took:.3}s after the renewal was seen");
+    ensure!(took <= TOLERANCE.as_secs_f64(), "{took:.3}s");
+    f.cleanup(&[&a, &b]).await
+}
+
+fn main() {
+    let trials = vec![
+        trial("n1_heartbeat_loss", n1_heartbeat_loss),
+        trial("n2_lease_only_node", n2_lease_only_node),
+        trial("n3_startup_grace", n3_startup_grace),
+        trial("n4_ready_false", n4_ready_false),
+        trial("n6_recovery_removes_taints", n6_recovery_removes_taints),
+    ];
+    let args = [
+        "--controllers=node-lifecycle-controller,taint-eviction-controller",
+        "--node-monitor-period=1s",
+        "--node-monitor-grace-period=10s",
+        "--node-startup-grace-period=20s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let opts = ClusterOptions {
+        replace: Some(vec![
+            "node-lifecycle-controller",
+            "taint-eviction-controller",
+        ]),
+        ..Default::default()
+    };
+    pilothouse_tests::harness::main(
+        "node-lifecycle",
+        opts,
+        Some(SuitePilothouse {
+            args,
+            as_service_account: true,
+        }),
+        trials,
+    )
+}
