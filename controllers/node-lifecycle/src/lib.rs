@@ -45,6 +45,9 @@ const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// Upstream's `NodeEvictionPeriod`: how often zone queues are served.
 const TAINT_PASS: Duration = Duration::from_millis(100);
 const STATUS_RETRIES: usize = 5;
+/// NL-5: expiries within this window form a batch; a queued node waits this long before it may
+/// take a token, so the zone state already counts its batch-mates.
+const BATCH_WINDOW: Duration = Duration::from_millis(250);
 
 /// kube-controller-manager's node lifecycle options, same names and defaults.
 #[derive(Clone, Debug, clap::Args)]
@@ -154,8 +157,8 @@ struct Health {
 
 struct Zone {
     limiter: ZoneLimiter,
-    /// FIFO set of nodes waiting for a token.
-    queue: VecDeque<String>,
+    /// FIFO set of nodes waiting for a token, with when each was queued.
+    queue: VecDeque<(String, Instant)>,
     state: ZoneState,
 }
 
@@ -407,7 +410,7 @@ impl Inner {
                 );
             }
             for z in self.zones.lock().expect("zones lock").values_mut() {
-                z.queue.retain(|n| n != name);
+                z.queue.retain(|(n, _)| n != name);
             }
             self.recompute_zones().await;
             return Ok(Next::Done);
@@ -492,8 +495,8 @@ impl Inner {
             queue: VecDeque::new(),
             state: ZoneState::Initial,
         });
-        if !z.queue.iter().any(|n| n == name) {
-            z.queue.push_back(name.to_string());
+        if !z.queue.iter().any(|(n, _)| n == name) {
+            z.queue.push_back((name.to_string(), Instant::now()));
         }
         self.metrics
             .queue_depth
@@ -506,7 +509,7 @@ impl Inner {
     fn dequeue(&self, name: &str) {
         for (zone, z) in self.zones.lock().expect("zones lock").iter_mut() {
             let before = z.queue.len();
-            z.queue.retain(|n| n != name);
+            z.queue.retain(|(n, _)| n != name);
             if z.queue.len() != before {
                 self.metrics
                     .queue_depth
@@ -631,12 +634,13 @@ impl Inner {
             {
                 let mut zones = self.zones.lock().expect("zones lock");
                 for (zone, z) in zones.iter_mut() {
-                    while !z.queue.is_empty() && z.limiter.try_accept(now) {
-                        picks.push((zone.clone(), z.queue.pop_front().expect("non-empty")));
+                    while z.queue.front().is_some_and(|(_, at)| now.duration_since(*at) >= BATCH_WINDOW) && z.limiter.try_accept(now) {
+                        let (name, at) = z.queue.pop_front().expect("non-empty");
+                        picks.push((zone.clone(), name, at));
                     }
                 }
             }
-            for (zone, name) in picks {
+            for (zone, name, queued_at) in picks {
                 let Some(node) = self.nodes.get(&name) else {
                     continue;
                 };
@@ -658,7 +662,7 @@ impl Inner {
                         tracing::warn!(node = %name, error = %e, "NoExecute tainting failed; retrying");
                         let mut zones = self.zones.lock().expect("zones lock");
                         if let Some(z) = zones.get_mut(&zone) {
-                            z.queue.push_front(name);
+                            z.queue.push_front((name, queued_at));
                         }
                     }
                 }
