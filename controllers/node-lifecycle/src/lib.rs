@@ -634,7 +634,12 @@ impl Inner {
             {
                 let mut zones = self.zones.lock().expect("zones lock");
                 for (zone, z) in zones.iter_mut() {
-                    while z.queue.front().is_some_and(|(_, at)| now.duration_since(*at) >= BATCH_WINDOW) && z.limiter.try_accept(now) {
+                    while z
+                        .queue
+                        .front()
+                        .is_some_and(|(_, at)| now.duration_since(*at) >= BATCH_WINDOW)
+                        && z.limiter.try_accept(now)
+                    {
                         let (name, at) = z.queue.pop_front().expect("non-empty");
                         picks.push((zone.clone(), name, at));
                     }
