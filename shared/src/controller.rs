@@ -40,6 +40,8 @@ pub struct Setup {
     pub gates: FeatureGates,
     /// This replica's identity (`<hostname>_<uuid>`), e.g. for a recorder of another source name.
     pub identity: String,
+    /// The client behind `events`, for a recorder reporting under another name.
+    pub events_client: Client,
 }
 
 pub type InitFn = Box<dyn FnOnce(Setup) -> Result<Box<dyn Controller>, InitError> + Send>;
@@ -95,19 +97,21 @@ pub struct SetupFactory {
 
 impl SetupFactory {
     pub fn setup(&self, name: &'static str) -> Result<Setup, InitError> {
-        let client = client::build(
-            &self.config,
-            ClientSpec {
-                controller: name.to_string(),
-                qps: self.qps,
-                burst: self.burst,
-                fence: self.fence.clone(),
-            },
-            &self.metrics,
-        )?;
+        let spec = |controller: String| ClientSpec {
+            controller,
+            qps: self.qps,
+            burst: self.burst,
+            fence: self.fence.clone(),
+        };
+        let client = client::build(&self.config, spec(name.to_string()), &self.metrics)?;
+        // Events get a client (and bucket) of their own: a burst of events never delays the
+        // controller's writes.
+        let events_client =
+            client::build(&self.config, spec(format!("{name}-events")), &self.metrics)?;
         Ok(Setup {
             name,
-            events: EventRecorder::new(client.clone(), name, &self.identity),
+            events: EventRecorder::new(events_client.clone(), name, &self.identity),
+            events_client,
             client,
             informers: Arc::clone(&self.informers),
             metrics: Arc::clone(&self.metrics),

@@ -166,3 +166,20 @@ pub fn condition<'a>(
         .and_then(|s| s.conditions.as_ref())
         .and_then(|cs| cs.iter().find(|c| c.type_ == type_))
 }
+
+pub fn has_taint(node: &Node, key: &str, effect: &str) -> bool {
+    taints(node)
+        .iter()
+        .any(|t| t.key == key && t.effect == effect)
+}
+
+/// The node profile the node-lifecycle suites run (spec §6: P=1s, G=10s, startup grace 20s).
+pub fn accelerated_node_args(controllers: &str) -> Vec<String> {
+    [
+        format!("--controllers={controllers}"),
+        "--node-monitor-period=1s".to_string(),
+        "--node-monitor-grace-period=10s".to_string(),
+        "--node-startup-grace-period=20s".to_string(),
+    ]
+    .to_vec()
+}

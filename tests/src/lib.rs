@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod cluster;
 pub mod harness;
+pub mod heartbeat;
 pub mod k8s;
 pub mod pilothouse;
 pub mod proxy;

@@ -45,6 +45,8 @@ const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// Upstream's `NodeEvictionPeriod`: how often zone queues are served.
 const TAINT_PASS: Duration = Duration::from_millis(100);
 const STATUS_RETRIES: usize = 5;
+/// Upstream's `nodeUpdateWorkerSize`.
+const NODE_WORKERS: usize = 8;
 /// NL-5: expiries within this window form a batch; a queued node waits this long before it may
 /// take a token, so the zone state already counts its batch-mates.
 const BATCH_WINDOW: Duration = Duration::from_millis(250);
@@ -238,15 +240,27 @@ pub fn init(
             health: Mutex::new(HashMap::new()),
             zones: Mutex::new(BTreeMap::new()),
             all_full: AtomicBool::new(false),
-            events: EventRecorder::new(setup.client.clone(), EVENT_SOURCE, &setup.identity),
+            events: EventRecorder::new(setup.events_client.clone(), EVENT_SOURCE, &setup.identity),
             client: setup.client,
             metrics: Metrics::register(&setup.metrics),
             active: AtomicBool::new(false),
         });
+        // NL-1: the probe time is when a change is *observed*, so it is taken here, on the
+        // watch, not when a worker gets to the node (which can be much later under load and
+        // would spread simultaneous failures over several batch windows).
         let weak = Arc::downgrade(&inner);
         nodes.on_change(move |c| {
             if let Some(i) = weak.upgrade().filter(|i| i.active.load(Ordering::Acquire)) {
-                i.queue.add(c.object().name_any());
+                let name = c.object().name_any();
+                if let Some(hb) = heartbeat(c.object()) {
+                    i.observed(&name, |h, now| {
+                        if h.heartbeat != Some(hb) {
+                            h.heartbeat = Some(hb);
+                            h.probe = now;
+                        }
+                    });
+                }
+                i.queue.add(name);
             }
         });
         let weak = Arc::downgrade(&inner);
@@ -258,7 +272,21 @@ pub fn init(
                 return;
             }
             if let Some(i) = weak.upgrade().filter(|i| i.active.load(Ordering::Acquire)) {
-                i.queue.add(lease.name_any());
+                let name = lease.name_any();
+                if let Some(renew) = lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.renew_time.as_ref())
+                    .map(|t| t.0)
+                {
+                    i.observed(&name, |h, now| {
+                        if h.renew.is_none_or(|r| renew > r) {
+                            h.renew = Some(renew);
+                            h.probe = now;
+                        }
+                    });
+                }
+                i.queue.add(name);
             }
         });
         // NL-7: a pod added to or moved onto a node.
@@ -301,10 +329,14 @@ impl Controller for NodeLifecycle {
             let passes = tokio::spawn(Arc::clone(&inner).periodic(stop.clone()));
             let tainter = tokio::spawn(Arc::clone(&inner).tainter(stop.clone()));
             let i = Arc::clone(&inner);
-            let nodes = run_workers(Arc::clone(&inner.queue), 4, move |name: String| {
-                let i = Arc::clone(&i);
-                async move { i.sync_node(&name).await }
-            });
+            let nodes = run_workers(
+                Arc::clone(&inner.queue),
+                NODE_WORKERS,
+                move |name: String| {
+                    let i = Arc::clone(&i);
+                    async move { i.sync_node(&name).await }
+                },
+            );
             let i = Arc::clone(&inner);
             let pods = run_workers(Arc::clone(&inner.pod_queue), 2, move |key: String| {
                 let i = Arc::clone(&i);
@@ -337,6 +369,25 @@ impl Inner {
             eviction: self.opts.node_eviction_rate,
             secondary: self.opts.secondary_node_eviction_rate,
             large_cluster_threshold: self.opts.large_cluster_size_threshold.max(0) as usize,
+        }
+    }
+
+    /// Zones with a node whose grace has run out but which is still counted Ready.
+    fn zones_with_unevaluated_expiry(&self, now: Instant) -> std::collections::BTreeSet<String> {
+        let grace = self.opts.node_monitor_grace_period;
+        self.health
+            .lock()
+            .expect("health lock")
+            .values()
+            .filter(|h| h.ready.as_deref() == Some("True") && now > h.probe + grace)
+            .map(|h| h.zone.clone())
+            .collect()
+    }
+
+    /// Applies an observation to a known node's health (unknown nodes start in `observe`).
+    fn observed(&self, name: &str, f: impl FnOnce(&mut Health, Instant)) {
+        if let Some(h) = self.health.lock().expect("health lock").get_mut(name) {
+            f(h, Instant::now());
         }
     }
 
@@ -434,6 +485,14 @@ impl Inner {
         let stale = now > due;
         if stale {
             let before = plan::ready_status(&node).map(String::from);
+            // Count the node as Unknown in its zone at once (NL-5): the status write below may be
+            // slow, and zone states must see the whole batch before any NoExecute token is spent.
+            if before.as_deref() != Some("Unknown")
+                && let Some(h) = self.health.lock().expect("health lock").get_mut(name)
+            {
+                h.ready = Some("Unknown".into());
+            }
+            self.recompute_zones().await;
             if let Some(updated) = self.write_stale_conditions(&node).await? {
                 node = updated;
                 if before.as_deref() == Some("True") {
@@ -632,8 +691,14 @@ impl Inner {
             let now = Instant::now();
             let mut picks = Vec::new();
             {
+                let pending = self.zones_with_unevaluated_expiry(now);
                 let mut zones = self.zones.lock().expect("zones lock");
                 for (zone, z) in zones.iter_mut() {
+                    // A node of this zone has expired but no worker has evaluated it yet: it
+                    // belongs to the batch, so the zone state is not final.
+                    if pending.contains(zone) {
+                        continue;
+                    }
                     while z
                         .queue
                         .front()
@@ -645,9 +710,20 @@ impl Inner {
                     }
                 }
             }
+            let api: Api<Node> = Api::all(self.client.clone());
             for (zone, name, queued_at) in picks {
-                let Some(node) = self.nodes.get(&name) else {
-                    continue;
+                // Fresh read: the cache may not yet hold this controller's own latest write to
+                // the node, and a stale resourceVersion costs a conflict and its backoff.
+                let node = match api.get_opt(&name).await {
+                    Ok(Some(n)) => n,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(node = %name, error = %e, "reading node before tainting; retrying");
+                        if let Some(z) = self.zones.lock().expect("zones lock").get_mut(&zone) {
+                            z.queue.push_front((name, queued_at));
+                        }
+                        continue;
+                    }
                 };
                 if plan::tainting_change(&node).is_none() {
                     continue;
