@@ -819,7 +819,7 @@ async fn n17_manual_removal_returns() -> Result<()> {
         "tainted",
         until(last + GRACE) + Duration::from_secs(5),
         Duration::from_millis(100),
-        || async { Ok(no_execute_added(&nodes, &names[0], UNREACHABLE).await?) },
+        || async { no_execute_added(&nodes, &names[0], UNREACHABLE).await },
     )
     .await?;
     // Let the zone's bucket refill (rate 0.1/s).
@@ -833,7 +833,7 @@ async fn n17_manual_removal_returns() -> Result<()> {
         "the taint back",
         Duration::from_secs(5),
         Duration::from_millis(50),
-        || async { Ok(no_execute_added(&nodes, &names[0], UNREACHABLE).await?) },
+        || async { no_execute_added(&nodes, &names[0], UNREACHABLE).await },
     )
     .await?;
     let took = t0.elapsed();
