@@ -6,6 +6,19 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+/// A reference to a core/v1 object (`Pod`, `Node`, ...) by its cache key (`namespace/name`, or
+/// `name` when cluster-scoped), for events about objects that may already be gone.
+pub fn core_ref(kind: &str, key: &str) -> ObjectReference {
+    let (namespace, name) = crate::informers::split_key(key);
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some(kind.into()),
+        namespace: (!namespace.is_empty()).then(|| namespace.into()),
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
 #[derive(Clone)]
 pub struct EventRecorder {
     recorder: Recorder,
@@ -73,5 +86,22 @@ impl EventRecorder {
                 tracing::warn!(reason = %event.reason, error = %e, "failed to write event");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::core_ref;
+
+    #[test]
+    fn references_by_cache_key() {
+        let p = core_ref("Pod", "ns/p");
+        assert_eq!(
+            (p.kind.as_deref(), p.namespace.as_deref(), p.name.as_deref()),
+            (Some("Pod"), Some("ns"), Some("p"))
+        );
+        assert_eq!(p.api_version.as_deref(), Some("v1"));
+        let n = core_ref("Node", "node-1");
+        assert_eq!((n.namespace, n.name.as_deref()), (None, Some("node-1")));
     }
 }

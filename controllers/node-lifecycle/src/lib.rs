@@ -12,7 +12,7 @@ pub mod plan;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -25,7 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use serde_json::json;
 use shared::controller::{Controller, InitError, Setup};
-use shared::events::EventRecorder;
+use shared::events::{EventRecorder, core_ref};
 use shared::flags::duration_arg;
 use shared::informers::{Change, INDEX_POD_NODE, Informer, object_key, pod_by_node, split_key};
 use shared::metrics::FloatGauge;
@@ -183,26 +183,6 @@ struct Inner {
 
 pub struct NodeLifecycle {
     inner: Arc<Inner>,
-}
-
-fn node_ref(name: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(name.into()),
-        ..Default::default()
-    }
-}
-
-fn pod_ref(key: &str) -> ObjectReference {
-    let (namespace, name) = split_key(key);
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        namespace: Some(namespace.into()),
-        name: Some(name.into()),
-        ..Default::default()
-    }
 }
 
 fn heartbeat(node: &Node) -> Option<Timestamp> {
@@ -454,7 +434,7 @@ impl Inner {
                 .is_some()
             {
                 self.events.normal(
-                    &node_ref(name),
+                    &core_ref("Node", name),
                     "RemovingNode",
                     "RemoveNode",
                     format!("Node {name} event: Removing Node {name} from Controller"),
@@ -469,7 +449,7 @@ impl Inner {
         let (probe, first) = self.observe(&node, now);
         if first {
             self.events.normal(
-                &node_ref(name),
+                &core_ref("Node", name),
                 "RegisteredNode",
                 "RegisterNode",
                 format!("Node {name} event: Registered Node {name} in Controller"),
@@ -828,7 +808,7 @@ impl Inner {
     async fn node_not_ready(&self, node: &Node) {
         let name = node.name_any();
         self.events.normal(
-            &node_ref(&name),
+            &core_ref("Node", &name),
             "NodeNotReady",
             "NodeNotReady",
             format!("Node {name} status is now: NodeNotReady"),
@@ -862,7 +842,7 @@ impl Inner {
         {
             Ok(_) => {
                 self.events.warning(
-                    &pod_ref(&key),
+                    &core_ref("Pod", &key),
                     "NodeNotReady",
                     "MarkPodNotReady",
                     "Node is not ready",

@@ -10,14 +10,14 @@ pub mod plan;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Client, ResourceExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use shared::controller::{Controller, InitError, Setup};
-use shared::events::EventRecorder;
+use shared::events::{EventRecorder, core_ref};
 use shared::flags::FeatureGates;
 use shared::informers::{Change, INDEX_POD_NODE, Informer, object_key, pod_by_node, split_key};
 use shared::queue::{Next, Queue, run_workers};
@@ -105,17 +105,6 @@ struct Inner {
 
 pub struct TaintEviction {
     inner: Arc<Inner>,
-}
-
-fn pod_ref(key: &str) -> ObjectReference {
-    let (namespace, name) = split_key(key);
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        namespace: Some(namespace.into()),
-        name: Some(name.into()),
-        ..Default::default()
-    }
 }
 
 fn node_name(pod: &Pod) -> Option<&str> {
@@ -235,7 +224,7 @@ impl Inner {
             .is_some();
         if announce && live {
             self.events.normal(
-                &pod_ref(key),
+                &core_ref("Pod", key),
                 "TaintManagerEviction",
                 "CancelDeletion",
                 format!("Cancelling deletion of Pod {key}"),
@@ -326,7 +315,7 @@ impl Inner {
         if announce {
             tracing::info!(pod = key, "deleting pod");
             self.events.normal(
-                &pod_ref(key),
+                &core_ref("Pod", key),
                 "TaintManagerEviction",
                 "DeletePod",
                 format!("Marking for deletion Pod {key}"),
@@ -367,7 +356,7 @@ impl Inner {
                 };
                 if warn {
                     self.events.warning(
-                        &pod_ref(key),
+                        &core_ref("Pod", key),
                         "TaintEvictionFailed",
                         "DeletePod",
                         format!("Failed to delete pod {key} after {failures} attempts, still retrying: {e}"),
