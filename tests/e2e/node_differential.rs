@@ -1,8 +1,9 @@
-//! Issue 5's differential run of a node outage: the same scenario on two fresh control planes
-//! at once, one with upstream kube-controller-manager running all its controllers
-//! (`tests/cluster/up --reference`), one with Pilothouse's node-lifecycle and taint-eviction
-//! controllers. Its own test binary, so its two extra control planes do not load the timing
-//! tests of the other suites.
+//! Node-controller tests that need control planes of their own: issue 5's differential run of a
+//! node outage (the same scenario on two fresh control planes at once, one with upstream
+//! kube-controller-manager running all its controllers, `tests/cluster/up --reference`, one with
+//! Pilothouse's node-lifecycle and taint-eviction controllers), and N15, which restarts
+//! Pilothouse. A binary of their own, so their extra control planes do not load the timing tests
+//! of the other suites.
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -249,16 +250,124 @@ async fn differential_node_outage() -> Result<()> {
     Ok(())
 }
 
-fn main() {
-    let args = Arguments::from_args();
-    let trial = Trial::test("differential_node_outage", || {
+/// N15 (B-3): restarting the node-lifecycle controller while a node is Unknown and tainted keeps
+/// the taint (same `timeAdded`), emits no "Cancelling deletion", and counts no new eviction.
+/// (Upstream strips every NoExecute taint on start and re-adds it, restarting toleration clocks.)
+async fn n15_restart_keeps_taints() -> Result<()> {
+    use pilothouse_tests::cluster::Cluster;
+    use pilothouse_tests::heartbeat::Heartbeats;
+    let own = Cluster::up(
+        &unique("n15"),
+        ClusterOptions {
+            nodes: 0,
+            replace: Some(vec![
+                "node-lifecycle-controller",
+                "taint-eviction-controller",
+            ]),
+            ..Default::default()
+        },
+    )?;
+    let dir = own.dir.join("pilothouse-logs");
+    std::fs::create_dir_all(&dir)?;
+    let args = k8s::accelerated_node_args("node-lifecycle-controller,taint-eviction-controller");
+    let mut first = pilothouse_tests::Pilothouse::spawn("n15-first", &own.kubeconfig, &dir, &args)?;
+    first
+        .wait_log("starting controller", Duration::from_secs(60))
+        .await?;
+    let client = own.client().await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let hb = Heartbeats::start(client.clone());
+    let (a, b) = ("n15-a".to_string(), "n15-b".to_string());
+    hb.add_node(&a, "z15").await?;
+    hb.add_node(&b, "z15").await?;
+    let ns = "restart";
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+    )
+    .await?;
+    k8s::wait_service_account(&client, ns).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let tol = json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 600}]);
+    pods.create(&PostParams::default(), &pod_on_node("p", &a, tol)?)
+        .await?;
+    hb.fail(std::slice::from_ref(&a)).await;
+    let added = wait::until(
+        "n15-a tainted",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let n = nodes.get(&a).await?;
+            Ok(k8s::taints(&n)
+                .into_iter()
+                .find(|t| t.key == UNREACHABLE && t.effect == "NoExecute")
+                .and_then(|t| t.time_added))
+        },
+    )
+    .await?;
+    first.sigterm()?;
+    ensure!(first.wait_exit(Duration::from_secs(5)).await?.success());
+    let second = pilothouse_tests::Pilothouse::spawn("n15-second", &own.kubeconfig, &dir, &args)?;
+    second
+        .wait_log("starting controller", Duration::from_secs(30))
+        .await?;
+    // Several passes of the restarted controller.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let taints = k8s::taints(&nodes.get(&a).await?);
+    let kept = taints
+        .iter()
+        .find(|t| t.key == UNREACHABLE && t.effect == "NoExecute")
+        .and_then(|t| t.time_added.clone());
+    ensure!(
+        kept == Some(added.clone()),
+        "taint not kept across the restart: {added:?} -> {taints:?}"
+    );
+    let events = k8s::events(&client, ns, "p", "TaintManagerEviction").await?;
+    ensure!(
+        !events.iter().any(|e| e
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("Cancelling"))),
+        "{events:?}"
+    );
+    let evictions = second
+        .metric("node_collector_evictions_total{zone=\":\0:z15\"}")
+        .await?
+        .unwrap_or(0.0);
+    ensure!(
+        evictions == 0.0,
+        "the restarted controller counted {evictions} evictions"
+    );
+    ensure!(!deleted(&pods, "p").await?, "pod deleted");
+    k8s::release_pods(&client, ns).await?;
+    drop(second);
+    drop(own);
+    Ok(())
+}
+
+type TestFn = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>>>>;
+
+fn trial(name: &'static str, f: TestFn) -> Trial {
+    Trial::test(name, move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .map_err(|e| Failed::from(e.to_string()))?;
-        rt.block_on(differential_node_outage())
-            .map_err(|e| Failed::from(format!("{e:#}")))
-    });
-    libtest_mimic::run(&args, vec![trial]).exit()
+        rt.block_on(f()).map_err(|e| Failed::from(format!("{e:#}")))
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        trial("differential_node_outage", || {
+            Box::pin(differential_node_outage())
+        }),
+        trial("n15_restart_keeps_taints", || {
+            Box::pin(n15_restart_keeps_taints())
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit()
 }
