@@ -9,8 +9,11 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
+use pilothouse_tests::Pilothouse;
+use pilothouse_tests::cluster::Cluster;
 use pilothouse_tests::cluster::ClusterOptions;
+use pilothouse_tests::harness::trial;
 use pilothouse_tests::k8s::{self, deleted, has_taint, pod_on_node};
 use pilothouse_tests::{unique, wait};
 use serde_json::json;
@@ -193,7 +196,6 @@ async fn deleted_pod(pods: &Api<Pod>, name: &str) -> Result<bool> {
 /// differences an allow-list entry keyed by a spec rule explains; the per-zone taint counts over
 /// time are printed (ordering and timing are reported, not failed).
 async fn differential_node_outage() -> Result<()> {
-    use pilothouse_tests::cluster::Cluster;
     let reference = Cluster::up(
         &unique("diff-ref"),
         ClusterOptions {
@@ -202,23 +204,7 @@ async fn differential_node_outage() -> Result<()> {
             ..Default::default()
         },
     )?;
-    let ours = Cluster::up(
-        &unique("diff-ph"),
-        ClusterOptions {
-            nodes: 0,
-            replace: Some(vec![
-                "node-lifecycle-controller",
-                "taint-eviction-controller",
-            ]),
-            ..Default::default()
-        },
-    )?;
-    let dir = ours.dir.join("pilothouse-logs");
-    std::fs::create_dir_all(&dir)?;
-    let args = k8s::accelerated_node_args("node-lifecycle-controller,taint-eviction-controller");
-    let ph = pilothouse_tests::Pilothouse::spawn("diff-pilothouse", &ours.kubeconfig, &dir, &args)?;
-    ph.wait_log("starting controller", Duration::from_secs(60))
-        .await?;
+    let (ours, ph) = node_controllers("diff-ph", "diff-pilothouse").await?;
     let (r, o) = tokio::join!(
         outage(reference.client().await?),
         outage(ours.client().await?)
@@ -254,26 +240,8 @@ async fn differential_node_outage() -> Result<()> {
 /// the taint (same `timeAdded`), emits no "Cancelling deletion", and counts no new eviction.
 /// (Upstream strips every NoExecute taint on start and re-adds it, restarting toleration clocks.)
 async fn n15_restart_keeps_taints() -> Result<()> {
-    use pilothouse_tests::cluster::Cluster;
     use pilothouse_tests::heartbeat::Heartbeats;
-    let own = Cluster::up(
-        &unique("n15"),
-        ClusterOptions {
-            nodes: 0,
-            replace: Some(vec![
-                "node-lifecycle-controller",
-                "taint-eviction-controller",
-            ]),
-            ..Default::default()
-        },
-    )?;
-    let dir = own.dir.join("pilothouse-logs");
-    std::fs::create_dir_all(&dir)?;
-    let args = k8s::accelerated_node_args("node-lifecycle-controller,taint-eviction-controller");
-    let mut first = pilothouse_tests::Pilothouse::spawn("n15-first", &own.kubeconfig, &dir, &args)?;
-    first
-        .wait_log("starting controller", Duration::from_secs(60))
-        .await?;
+    let (own, mut first) = node_controllers("n15", "n15-first").await?;
     let client = own.client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let hb = Heartbeats::start(client.clone());
@@ -308,7 +276,8 @@ async fn n15_restart_keeps_taints() -> Result<()> {
     .await?;
     first.sigterm()?;
     ensure!(first.wait_exit(Duration::from_secs(5)).await?.success());
-    let second = pilothouse_tests::Pilothouse::spawn("n15-second", &own.kubeconfig, &dir, &args)?;
+    let second =
+        pilothouse_tests::Pilothouse::spawn("n15-second", &own.kubeconfig, &own.dir, &node_args())?;
     second
         .wait_log("starting controller", Duration::from_secs(30))
         .await?;
@@ -346,17 +315,29 @@ async fn n15_restart_keeps_taints() -> Result<()> {
     Ok(())
 }
 
-type TestFn = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>>>>;
+fn node_args() -> Vec<String> {
+    k8s::accelerated_node_args("node-lifecycle-controller,taint-eviction-controller")
+}
 
-fn trial(name: &'static str, f: TestFn) -> Trial {
-    Trial::test(name, move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(|e| Failed::from(e.to_string()))?;
-        rt.block_on(f()).map_err(|e| Failed::from(format!("{e:#}")))
-    })
+/// A control plane of its own whose kube-controller-manager leaves both node controllers to a
+/// Pilothouse started (and leading) on it.
+async fn node_controllers(name: &str, process: &str) -> Result<(Cluster, Pilothouse)> {
+    let replace = Some(vec![
+        "node-lifecycle-controller",
+        "taint-eviction-controller",
+    ]);
+    let cluster = Cluster::up(
+        &unique(name),
+        ClusterOptions {
+            nodes: 0,
+            replace,
+            ..Default::default()
+        },
+    )?;
+    let ph = Pilothouse::spawn(process, &cluster.kubeconfig, &cluster.dir, &node_args())?;
+    ph.wait_log("starting controller", Duration::from_secs(60))
+        .await?;
+    Ok((cluster, ph))
 }
 
 fn main() {
