@@ -100,14 +100,7 @@ async fn outage(
         hb.add_node(n, z).await?;
     }
     let ns = "outage";
-    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-    )
-    .await?;
-    k8s::wait_service_account(&client, ns).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods = namespace_pods(&client, ns).await?;
     let tol = json!([
         {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5},
         {"key": NOT_READY, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}
@@ -249,14 +242,7 @@ async fn n15_restart_keeps_taints() -> Result<()> {
     hb.add_node(&a, "z15").await?;
     hb.add_node(&b, "z15").await?;
     let ns = "restart";
-    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-    )
-    .await?;
-    k8s::wait_service_account(&client, ns).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods = namespace_pods(&client, ns).await?;
     let tol = json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 600}]);
     pods.create(&PostParams::default(), &pod_on_node("p", &a, tol)?)
         .await?;
@@ -313,6 +299,18 @@ async fn n15_restart_keeps_taints() -> Result<()> {
     drop(second);
     drop(own);
     Ok(())
+}
+
+/// Creates namespace `ns` (ready for pods) and returns its pods API.
+async fn namespace_pods(client: &Client, ns: &str) -> Result<Api<Pod>> {
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+    )
+    .await?;
+    k8s::wait_service_account(client, ns).await?;
+    Ok(Api::namespaced(client.clone(), ns))
 }
 
 fn node_args() -> Vec<String> {

@@ -155,6 +155,15 @@ struct Health {
     /// Ready status as last evaluated (after our own writes).
     ready: Option<String>,
     zone: String,
+    /// Labelled `node.kubernetes.io/exclude-disruption` (left out of zone statistics).
+    excluded: bool,
+}
+
+impl Health {
+    /// What zone states depend on: they are recomputed only when one of these changes.
+    fn zone_inputs(&self) -> (Option<String>, String, bool) {
+        (self.ready.clone(), self.zone.clone(), self.excluded)
+    }
 }
 
 struct Zone {
@@ -391,6 +400,7 @@ impl Inner {
                     h.probe = now;
                 }
                 h.zone = plan::zone_key(node);
+                h.excluded = plan::excluded_from_disruption(node);
                 (h.probe, false)
             }
             None => {
@@ -415,6 +425,7 @@ impl Inner {
                         renew,
                         ready: plan::ready_status(node).map(Into::into),
                         zone: plan::zone_key(node),
+                        excluded: plan::excluded_from_disruption(node),
                     },
                 );
                 (probe, true)
@@ -446,6 +457,12 @@ impl Inner {
             self.recompute_zones().await;
             return Ok(Next::Done);
         };
+        let counted = self
+            .health
+            .lock()
+            .expect("health lock")
+            .get(name)
+            .map(Health::zone_inputs);
         let (probe, first) = self.observe(&node, now);
         if first {
             self.events.normal(
@@ -467,12 +484,16 @@ impl Inner {
             let before = plan::ready_status(&node).map(String::from);
             // Count the node as Unknown in its zone at once (NL-5): the status write below may be
             // slow, and zone states must see the whole batch before any NoExecute token is spent.
-            if before.as_deref() != Some("Unknown")
-                && let Some(h) = self.health.lock().expect("health lock").get_mut(name)
-            {
-                h.ready = Some("Unknown".into());
+            let marked = before.as_deref() != Some("Unknown") && {
+                let mut health = self.health.lock().expect("health lock");
+                health
+                    .get_mut(name)
+                    .map(|h| h.ready = Some("Unknown".into()))
+                    .is_some()
+            };
+            if marked {
+                self.recompute_zones().await;
             }
-            self.recompute_zones().await;
             if let Some(updated) = self.write_stale_conditions(&node).await? {
                 node = updated;
                 if before.as_deref() == Some("True") {
@@ -515,7 +536,17 @@ impl Inner {
             }
         }
         let _ = node;
-        self.recompute_zones().await;
+        // Zone states are a scan of every node: redo it only when this node changed what they
+        // count (a full pass must not cost O(nodes²)).
+        let after = self
+            .health
+            .lock()
+            .expect("health lock")
+            .get(name)
+            .map(Health::zone_inputs);
+        if first || counted != after {
+            self.recompute_zones().await;
+        }
         self.metrics
             .node_health_duration
             .observe(started.elapsed().as_secs_f64());
