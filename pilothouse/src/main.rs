@@ -17,13 +17,20 @@ struct Cli {
     manager: ManagerOptions,
     #[command(flatten)]
     node_lifecycle: node_lifecycle::NodeLifecycleOptions,
+    #[command(flatten)]
+    job: job::JobOptions,
 }
 
 /// Every controller Pilothouse hosts or plans to host, with kube-controller-manager's names and
 /// aliases. A planned controller cannot be enabled.
 fn catalogue(cli: &Cli) -> Vec<Registration> {
     vec![
-        Registration::planned("job-controller", &["job"]),
+        Registration::built(
+            job::NAME,
+            &["job"],
+            true,
+            Box::new(job::init(cli.job.clone())),
+        ),
         Registration::planned("cronjob-controller", &["cronjob"]),
         Registration::planned("statefulset-controller", &["statefulset"]),
         Registration::planned("endpointslice-controller", &["endpointslice"]),
@@ -87,6 +94,11 @@ mod tests {
 
     fn cli() -> Cli {
         Cli::parse_from(["pilothouse"])
+    }
+
+    #[test]
+    fn job_flags_have_kcm_defaults() {
+        assert_eq!(cli().job.concurrent_job_syncs, 5);
     }
 
     #[test]

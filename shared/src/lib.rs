@@ -14,3 +14,4 @@ pub mod manager;
 pub mod metrics;
 pub mod queue;
 pub mod ratelimit;
+pub mod selector;

@@ -1,0 +1,1049 @@
+//! Pure decisions of one Job sync (spec §2), in upstream's order (JR-47):
+//!
+//! 1. [`evaluate`]: counters, the pending finishing condition and the pod action;
+//! 2. the caller performs the pod action and reports an [`Outcome`];
+//! 3. [`conclude`]: completion by counts, the Suspended condition, active/ready/terminating;
+//! 4. [`track`]: the finalizer protocol's first status write and the pods whose finalizer goes;
+//! 5. [`clean_uncounted`] folds released pods into the counters, [`enact_finished`] adds the
+//!    terminal condition when nothing is left in flight.
+//!
+//! Time is a parameter (`now`); nothing here reads a clock or the API.
+
+use crate::indexes::Intervals;
+use crate::pods;
+use crate::policy::{self, Action, BackoffRecord};
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus, UncountedTerminatedPods};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Upstream's `MaxUncountedPods` and `MaxPodCreateDeletePerSync`.
+pub const MAX_UNCOUNTED_PODS: usize = 500;
+pub const MAX_POD_CREATE_DELETE_PER_SYNC: usize = 500;
+
+pub const FAILURE_TARGET: &str = "FailureTarget";
+pub const SUCCESS_CRITERIA_MET: &str = "SuccessCriteriaMet";
+pub const COMPLETE: &str = "Complete";
+pub const FAILED: &str = "Failed";
+pub const SUSPENDED: &str = "Suspended";
+
+pub fn spec(job: &Job) -> JobSpec {
+    job.spec.clone().unwrap_or_default()
+}
+
+pub fn is_indexed(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.completion_mode.as_deref()) == Some("Indexed")
+}
+
+pub fn completion_mode(job: &Job) -> &'static str {
+    if is_indexed(job) {
+        "Indexed"
+    } else {
+        "NonIndexed"
+    }
+}
+
+/// `None` when the mode is set to something this version does not know (JR-9).
+pub fn known_completion_mode(job: &Job) -> bool {
+    matches!(
+        job.spec.as_ref().and_then(|s| s.completion_mode.as_deref()),
+        None | Some("Indexed") | Some("NonIndexed")
+    )
+}
+
+pub fn suspended(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
+}
+
+fn only_replace_failed(job: &Job) -> bool {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.pod_replacement_policy.as_deref())
+        == Some("Failed")
+}
+
+fn has_backoff_limit_per_index(job: &Job) -> bool {
+    job.spec
+        .as_ref()
+        .is_some_and(|s| s.backoff_limit_per_index.is_some())
+}
+
+fn completions(job: &Job) -> Option<i32> {
+    job.spec.as_ref().and_then(|s| s.completions)
+}
+
+/// Indexed Jobs always have completions (API validation); 0 guards a malformed object.
+fn indexed_completions(job: &Job) -> i32 {
+    completions(job).unwrap_or(0)
+}
+
+pub fn conditions(job: &Job) -> &[JobCondition] {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+}
+
+pub fn condition_true(conds: &[JobCondition], type_: &str) -> bool {
+    conds.iter().any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// JR-6: `Complete=True` or `Failed=True`.
+pub fn finished(job: &Job) -> bool {
+    let c = conditions(job);
+    condition_true(c, COMPLETE) || condition_true(c, FAILED)
+}
+
+pub fn new_condition(
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> JobCondition {
+    JobCondition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_probe_time: Some(Time(now)),
+        last_transition_time: Some(Time(now)),
+    }
+}
+
+/// Upstream `ensureJobConditionStatus` (JR-50): rewrite an existing condition only when status,
+/// reason or message change; never add a new False condition. Returns whether it changed.
+pub fn ensure_condition(
+    conds: &mut Vec<JobCondition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> bool {
+    if let Some(c) = conds.iter_mut().find(|c| c.type_ == type_) {
+        if c.status != status
+            || c.reason.as_deref() != Some(reason)
+            || c.message.as_deref() != Some(message)
+        {
+            *c = new_condition(type_, status, reason, message, now);
+            return true;
+        }
+        return false;
+    }
+    if status != "False" {
+        conds.push(new_condition(type_, status, reason, message, now));
+        return true;
+    }
+    false
+}
+
+/// JR-27: a pod counts as failed when its phase is Failed or, unless only failed pods are
+/// replaced, when it is being deleted without having succeeded.
+pub fn pod_failed(pod: &Pod, job: &Job) -> bool {
+    if pods::failed_phase(pod) {
+        return true;
+    }
+    if only_replace_failed(job) {
+        return false;
+    }
+    pods::deleting(pod) && !pods::succeeded(pod)
+}
+
+/// What the sync observed, from the caches and the controller's memory.
+pub struct Observed<'a> {
+    pub job: &'a Job,
+    /// Pods claimed for the Job (adopted ones already carry the finalizer in this copy).
+    pub pods: Vec<Arc<Pod>>,
+    pub expectations_satisfied: bool,
+    /// Pod UIDs whose finalizer removal was sent and not yet observed (JR-22).
+    pub expected_rm_finalizers: HashSet<String>,
+    pub backoff: BackoffRecord,
+    pub now: Timestamp,
+}
+
+/// One pod to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewPod {
+    pub index: Option<i32>,
+    /// JR-14: (`job-index-failure-count`, `job-index-ignored-failure-count`) for
+    /// backoffLimitPerIndex Jobs.
+    pub failure_counts: Option<(i32, i32)>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum PodAction {
+    /// Pod management does not run this sync (expectations unsatisfied, Job being deleted).
+    Skip,
+    /// A finishing condition is pending: DELETE every active pod, finalizer kept (JR-48).
+    DeleteActive(Vec<Arc<Pod>>),
+    /// Suspend or too many pods: remove the finalizer, then DELETE (JR-16, JR-44).
+    Remove(Vec<Arc<Pod>>),
+    /// Pods are wanted but backoff has not passed: requeue after this long (JR-34, JR-19).
+    WaitBackoff(Duration),
+    Create(Vec<NewPod>),
+    /// Nothing to create or delete.
+    Track,
+}
+
+/// Everything [`evaluate`] decided.
+pub struct Evaluation {
+    pub status: JobStatus,
+    pub uncounted_succeeded: HashSet<String>,
+    pub uncounted_failed: HashSet<String>,
+    pub active_pods: Vec<Arc<Pod>>,
+    pub ready: i32,
+    pub terminating: i32,
+    pub succeeded: i32,
+    pub failed: i32,
+    pub new_backoff: BackoffRecord,
+    /// The pending finishing condition: `FailureTarget`, `SuccessCriteriaMet` or (from an
+    /// existing `FailureTarget`) `Failed`.
+    pub finished: Option<JobCondition>,
+    /// JR-3: requeue for the remaining active deadline.
+    pub deadline_requeue: Option<Duration>,
+    pub prev_succeeded_indexes: Intervals,
+    pub succeeded_indexes: Intervals,
+    pub failed_indexes: Option<Intervals>,
+    pub delayed_deletion: HashMap<i32, Arc<Pod>>,
+    pub action: PodAction,
+    /// `job_pods_creation_total` reason for this sync's creates.
+    pub creation_reason: &'static str,
+}
+
+fn uncounted(status: &JobStatus) -> (HashSet<String>, HashSet<String>) {
+    let u = status.uncounted_terminated_pods.clone().unwrap_or_default();
+    (
+        u.succeeded.unwrap_or_default().into_iter().collect(),
+        u.failed.unwrap_or_default().into_iter().collect(),
+    )
+}
+
+/// Pods with the finalizer (not awaiting its removal), not in `uncounted`, with a valid index
+/// for Indexed Jobs, passing `filter` (upstream `getValidPodsWithFilter`).
+fn valid_pods<'p>(
+    obs: &'p Observed<'_>,
+    uncounted: &HashSet<String>,
+    filter: impl Fn(&Pod) -> bool,
+) -> Vec<&'p Arc<Pod>> {
+    let indexed = is_indexed(obs.job);
+    let completions = indexed_completions(obs.job);
+    obs.pods
+        .iter()
+        .filter(|p| {
+            pods::has_tracking_finalizer(p)
+                && !uncounted.contains(pods::uid(p))
+                && !obs.expected_rm_finalizers.contains(pods::uid(p))
+                && (!indexed || pods::completion_index(p).is_some_and(|i| i < completions))
+                && filter(p)
+        })
+        .collect()
+}
+
+fn indexes_of<'a>(pods: impl IntoIterator<Item = &'a Arc<Pod>>) -> Vec<i32> {
+    pods.into_iter()
+        .filter_map(|p| pods::completion_index(p))
+        .collect()
+}
+
+/// JR-37: the index is failed by this pod.
+fn index_failed_by(job: &Job, pod: &Pod) -> bool {
+    if !pod_failed(pod, job) {
+        return false;
+    }
+    let spec = job.spec.as_ref();
+    let m = policy::match_pod_failure_policy(spec.and_then(|s| s.pod_failure_policy.as_ref()), pod);
+    if m.action == Some(Action::FailIndex) {
+        return true;
+    }
+    let limit = spec.and_then(|s| s.backoff_limit_per_index).unwrap_or(0);
+    m.counts && pods::index_failure_count(pod) >= limit
+}
+
+/// The sync's first half: counters, finishing condition and the pod action.
+pub fn evaluate(obs: &Observed<'_>) -> Evaluation {
+    let job = obs.job;
+    let spec = spec(job);
+    let now = obs.now;
+    let mut status = job.status.clone().unwrap_or_default();
+    status
+        .uncounted_terminated_pods
+        .get_or_insert_with(UncountedTerminatedPods::default);
+    let (unc_succeeded, unc_failed) = uncounted(&status);
+    let active_pods: Vec<Arc<Pod>> = obs
+        .pods
+        .iter()
+        .filter(|p| pods::active(p))
+        .cloned()
+        .collect();
+    let ready = active_pods.iter().filter(|p| pods::ready(p)).count() as i32;
+    let terminating = obs.pods.iter().filter(|p| pods::terminating(p)).count() as i32;
+
+    let new_succeeded = valid_pods(obs, &unc_succeeded, pods::succeeded);
+    let new_failed = valid_pods(obs, &unc_failed, |p| pod_failed(p, job));
+    let failure_policy = spec.pod_failure_policy.as_ref();
+    let counted_new_failed = new_failed
+        .iter()
+        .filter(|p| policy::match_pod_failure_policy(failure_policy, p).counts)
+        .count() as i32;
+    let mut succeeded =
+        status.succeeded.unwrap_or(0) + new_succeeded.len() as i32 + unc_succeeded.len() as i32;
+    let failed = status.failed.unwrap_or(0) + counted_new_failed + unc_failed.len() as i32;
+
+    // JR-43: startTime on the first sync of an unsuspended Job.
+    if status.start_time.is_none() && !suspended(job) {
+        status.start_time = Some(Time(now));
+    }
+    let new_backoff = {
+        let s: Vec<&Pod> = new_succeeded.iter().map(|p| p.as_ref()).collect();
+        let f: Vec<&Pod> = new_failed.iter().map(|p| p.as_ref()).collect();
+        obs.backoff.next(&s, &f)
+    };
+
+    let backoff_limit = spec.backoff_limit.unwrap_or(6);
+    let conds = status.conditions.clone().unwrap_or_default();
+    // JR-47 (1): an existing SuccessCriteriaMet stands.
+    let mut finished: Option<JobCondition> = conds
+        .iter()
+        .find(|c| c.type_ == SUCCESS_CRITERIA_MET && c.status == "True")
+        .cloned();
+    let mut deadline_requeue = None;
+    if finished.is_none() {
+        // (2) an existing FailureTarget becomes Failed; (3) FailJob.
+        if let Some(ft) = conds
+            .iter()
+            .find(|c| c.type_ == FAILURE_TARGET && c.status == "True")
+        {
+            finished = Some(new_condition(
+                FAILED,
+                "True",
+                ft.reason.as_deref().unwrap_or_default(),
+                ft.message.as_deref().unwrap_or_default(),
+                now,
+            ));
+        } else if let Some(msg) = obs
+            .pods
+            .iter()
+            .filter(|p| pod_failed(p, job))
+            .find_map(|p| policy::match_pod_failure_policy(failure_policy, p).fail_job_message)
+        {
+            finished = Some(new_condition(
+                FAILURE_TARGET,
+                "True",
+                "PodFailurePolicy",
+                &msg,
+                now,
+            ));
+        }
+    }
+    if finished.is_none() {
+        // (4) backoff limit, (5) deadline.
+        if failed > backoff_limit || past_backoff_limit_on_failure(job, &obs.pods, backoff_limit) {
+            finished = Some(new_condition(
+                FAILURE_TARGET,
+                "True",
+                "BackoffLimitExceeded",
+                "Job has reached the specified backoff limit",
+                now,
+            ));
+        } else if let Some(ads) = spec.active_deadline_seconds.filter(|_| !suspended(job)) {
+            let start = status.start_time.as_ref().map_or(now, |t| t.0);
+            let elapsed = Duration::try_from(now.duration_since(start)).unwrap_or(Duration::ZERO);
+            let allowed = Duration::from_secs(ads.max(0) as u64);
+            if elapsed >= allowed {
+                finished = Some(new_condition(
+                    FAILURE_TARGET,
+                    "True",
+                    "DeadlineExceeded",
+                    "Job was active longer than specified deadline",
+                    now,
+                ));
+            } else {
+                deadline_requeue = Some(allowed - elapsed);
+            }
+        }
+    }
+
+    let mut prev_succeeded_indexes = Intervals::default();
+    let mut succeeded_indexes = Intervals::default();
+    let mut failed_indexes = None;
+    let mut delayed_deletion = HashMap::new();
+    if is_indexed(job) {
+        let completions = indexed_completions(job);
+        prev_succeeded_indexes = Intervals::parse(
+            status.completed_indexes.as_deref().unwrap_or_default(),
+            completions,
+        );
+        succeeded_indexes = prev_succeeded_indexes.with_indexes(obs.pods.iter().filter_map(|p| {
+            pods::completion_index(p).filter(|ix| {
+                pods::succeeded(p) && *ix < completions && pods::has_tracking_finalizer(p)
+            })
+        }));
+        succeeded = succeeded_indexes.total();
+        if has_backoff_limit_per_index(job) {
+            let prev = Intervals::parse(
+                status.failed_indexes.as_deref().unwrap_or_default(),
+                completions,
+            );
+            let fi = prev.with_indexes(obs.pods.iter().filter_map(|p| {
+                pods::completion_index(p).filter(|ix| {
+                    *ix < completions && pods::has_tracking_finalizer(p) && index_failed_by(job, p)
+                })
+            }));
+            if finished.is_none() {
+                if spec.max_failed_indexes.is_some_and(|m| fi.total() > m) {
+                    finished = Some(new_condition(
+                        FAILURE_TARGET,
+                        "True",
+                        "MaxFailedIndexesExceeded",
+                        "Job has exceeded the specified maximal number of failed indexes",
+                        now,
+                    ));
+                } else if fi.total() > 0 && fi.total() + succeeded_indexes.total() >= completions {
+                    finished = Some(new_condition(
+                        FAILURE_TARGET,
+                        "True",
+                        "FailedIndexes",
+                        "Job has failed indexes",
+                        now,
+                    ));
+                }
+            }
+            delayed_deletion =
+                pods_with_delayed_deletion(obs, &active_pods, &succeeded_indexes, &fi);
+            failed_indexes = Some(fi);
+        }
+        // (7) successPolicy.
+        if finished.is_none()
+            && let Some(msg) = policy::match_success_policy(
+                spec.success_policy.as_ref(),
+                completions,
+                &succeeded_indexes,
+            )
+        {
+            finished = Some(new_condition(
+                SUCCESS_CRITERIA_MET,
+                "True",
+                "SuccessPolicy",
+                &msg,
+                now,
+            ));
+        }
+    }
+
+    let mut eval = Evaluation {
+        status,
+        uncounted_succeeded: unc_succeeded,
+        uncounted_failed: unc_failed,
+        active_pods,
+        ready,
+        terminating,
+        succeeded,
+        failed,
+        new_backoff,
+        finished,
+        deadline_requeue,
+        prev_succeeded_indexes,
+        succeeded_indexes,
+        failed_indexes,
+        delayed_deletion,
+        action: PodAction::Skip,
+        creation_reason: "new",
+    };
+    eval.creation_reason = if only_replace_failed(job) && eval.failed > 0 {
+        "recreate_failed"
+    } else if eval.failed > 0 || eval.terminating > 0 {
+        "recreate_terminating_or_failed"
+    } else {
+        "new"
+    };
+    eval.action = if eval.finished.is_some() {
+        PodAction::DeleteActive(eval.active_pods.clone())
+    } else if obs.expectations_satisfied && job.metadata.deletion_timestamp.is_none() {
+        manage(obs, &eval)
+    } else {
+        PodAction::Skip
+    };
+    eval
+}
+
+/// JR-33: restarts of Pending/Running pods against the backoff limit for `OnFailure` pods.
+fn past_backoff_limit_on_failure(job: &Job, pods: &[Arc<Pod>], limit: i32) -> bool {
+    let on_failure = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|s| s.restart_policy.as_deref() == Some("OnFailure"))
+        .unwrap_or(false);
+    if !on_failure {
+        return false;
+    }
+    let restarts: i64 = pods
+        .iter()
+        .filter(|p| matches!(pods::phase(p), "Running" | "Pending"))
+        .map(|p| pods::restart_count(p))
+        .sum();
+    if limit == 0 {
+        restarts > 0
+    } else {
+        restarts >= i64::from(limit)
+    }
+}
+
+/// JR-28: per index, the last failed pod of an unfinished, inactive index keeps its finalizer
+/// until its replacement exists (it carries the failure counts forward).
+fn pods_with_delayed_deletion(
+    obs: &Observed<'_>,
+    active_pods: &[Arc<Pod>],
+    succeeded: &Intervals,
+    failed: &Intervals,
+) -> HashMap<i32, Arc<Pod>> {
+    let active: HashSet<i32> = indexes_of(active_pods).into_iter().collect();
+    let mut out: HashMap<i32, Arc<Pod>> = HashMap::new();
+    for p in valid_pods(obs, &HashSet::new(), |p| pod_failed(p, obs.job)) {
+        let Some(ix) = pods::completion_index(p) else {
+            continue;
+        };
+        if succeeded.has(ix) || failed.has(ix) || active.contains(&ix) {
+            continue;
+        }
+        match out.get(&ix) {
+            Some(last)
+                if !(pods::index_absolute_failure_count(last)
+                    <= pods::index_absolute_failure_count(p)
+                    && pods::finished_time(p) >= pods::finished_time(last)) => {}
+            _ => {
+                out.insert(ix, Arc::clone(p));
+            }
+        }
+    }
+    out
+}
+
+/// JR-15..JR-18: what pod management does (upstream `manageJob`), before any API call.
+fn manage(obs: &Observed<'_>, eval: &Evaluation) -> PodAction {
+    let job = obs.job;
+    let spec = spec(job);
+    let active = eval.active_pods.len() as i32;
+    if suspended(job) {
+        return PodAction::Remove(pods_for_removal(
+            job,
+            &eval.active_pods,
+            eval.active_pods.len(),
+        ));
+    }
+    let parallelism = spec.parallelism.unwrap_or(1);
+    let want = match spec.completions {
+        None if eval.succeeded > 0 => active,
+        None => parallelism,
+        Some(c) => (c - eval.succeeded).clamp(0, parallelism.max(0)),
+    };
+    let rm_at_least = (active - want).max(0) as usize;
+    let mut rm = pods_for_removal(job, &eval.active_pods, rm_at_least);
+    rm.truncate(MAX_POD_CREATE_DELETE_PER_SYNC);
+    if !rm.is_empty() {
+        return PodAction::Remove(rm);
+    }
+    let terminating = if only_replace_failed(job) {
+        eval.terminating
+    } else {
+        0
+    };
+    let diff = want - terminating - active;
+    if diff <= 0 {
+        return PodAction::Track;
+    }
+    if !has_backoff_limit_per_index(job) {
+        let remaining = eval.new_backoff.remaining(obs.now);
+        if !remaining.is_zero() {
+            return PodAction::WaitBackoff(remaining);
+        }
+    }
+    let diff = (diff as usize).min(MAX_POD_CREATE_DELETE_PER_SYNC);
+    if !is_indexed(job) {
+        return PodAction::Create(vec![
+            NewPod {
+                index: None,
+                failure_counts: None
+            };
+            diff
+        ]);
+    }
+    let mut indexes = first_pending_indexes(obs, eval, diff);
+    if has_backoff_limit_per_index(job) {
+        let mut min_wait: Option<Duration> = None;
+        indexes.retain(|ix| {
+            let wait = policy::remaining_for_index(
+                eval.delayed_deletion.get(ix).map(|p| p.as_ref()),
+                obs.now,
+            );
+            if wait.is_zero() {
+                return true;
+            }
+            min_wait = Some(min_wait.map_or(wait, |m| m.min(wait)));
+            false
+        });
+        if indexes.is_empty()
+            && let Some(wait) = min_wait
+        {
+            return PodAction::WaitBackoff(wait);
+        }
+    }
+    let per_index = has_backoff_limit_per_index(job);
+    PodAction::Create(
+        indexes
+            .into_iter()
+            .map(|ix| NewPod {
+                index: Some(ix),
+                failure_counts: per_index.then(|| {
+                    new_index_failure_counts(
+                        job,
+                        eval.delayed_deletion.get(&ix).map(|p| p.as_ref()),
+                    )
+                }),
+            })
+            .collect(),
+    )
+}
+
+/// JR-14: failure counts for the replacement of `replaced` (the index's last failed pod).
+pub fn new_index_failure_counts(job: &Job, replaced: Option<&Pod>) -> (i32, i32) {
+    let Some(p) = replaced else {
+        return (0, 0);
+    };
+    let (mut failures, mut ignored) = (
+        pods::index_failure_count(p),
+        pods::index_ignored_failure_count(p),
+    );
+    let m = policy::match_pod_failure_policy(
+        job.spec
+            .as_ref()
+            .and_then(|s| s.pod_failure_policy.as_ref()),
+        p,
+    );
+    if m.counts {
+        failures += 1;
+    } else {
+        ignored += 1;
+    }
+    (failures, ignored)
+}
+
+/// JR-17: the lowest indexes neither active, succeeded, failed nor (with `Failed` replacement)
+/// held by a terminating pod.
+fn first_pending_indexes(obs: &Observed<'_>, eval: &Evaluation, count: usize) -> Vec<i32> {
+    let completions = indexed_completions(obs.job);
+    let mut taken = eval
+        .succeeded_indexes
+        .with_indexes(indexes_of(&eval.active_pods));
+    if only_replace_failed(obs.job) {
+        taken = taken.with_indexes(indexes_of(obs.pods.iter().filter(|p| pods::terminating(p))));
+    }
+    if let Some(f) = &eval.failed_indexes {
+        taken = taken.merge(f);
+    }
+    (0..completions)
+        .filter(|ix| !taken.has(*ix))
+        .take(count)
+        .collect()
+}
+
+/// JR-16: duplicates and out-of-range indexes first (Indexed), then the active pods in
+/// upstream's deletion order, at least `at_least` of them.
+pub fn pods_for_removal(job: &Job, active: &[Arc<Pod>], at_least: usize) -> Vec<Arc<Pod>> {
+    let mut rm: Vec<Arc<Pod>> = Vec::new();
+    let mut left: Vec<Arc<Pod>> = Vec::new();
+    if is_indexed(job) {
+        let completions = indexed_completions(job);
+        let mut by_index: BTreeMap<Option<i32>, Vec<Arc<Pod>>> = BTreeMap::new();
+        for p in active {
+            by_index
+                .entry(pods::completion_index(p))
+                .or_default()
+                .push(Arc::clone(p));
+        }
+        for (ix, mut group) in by_index {
+            match ix {
+                None => rm.extend(group),
+                Some(i) if i >= completions => rm.extend(group),
+                Some(_) => {
+                    group.sort_by(|a, b| pods::deletion_order(a, b));
+                    let keep = group.pop().expect("non-empty group");
+                    rm.extend(group);
+                    left.push(keep);
+                }
+            }
+        }
+    } else {
+        left = active.to_vec();
+    }
+    if rm.len() < at_least {
+        left.sort_by(|a, b| pods::deletion_order(a, b));
+        let n = (at_least - rm.len()).min(left.len());
+        rm.extend(left.into_iter().take(n));
+    }
+    rm
+}
+
+/// What performing the pod action did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Pods whose DELETE (or finalizer removal + DELETE) succeeded.
+    pub deleted: i32,
+    pub deleted_ready: i32,
+    /// Pods whose create was not attempted or failed.
+    pub not_created: i32,
+    /// A DELETE in `DeleteActive` failed.
+    pub delete_failed: bool,
+}
+
+/// After the pod action: `active`, ready, terminating, completion and Suspended (JR-23, JR-44,
+/// JR-45, JR-48). Returns `(needs_status_update, event)` with the Suspended/Resumed event to
+/// emit, if any.
+pub fn conclude(
+    obs: &Observed<'_>,
+    eval: &mut Evaluation,
+    outcome: Outcome,
+) -> (bool, Option<(&'static str, &'static str)>) {
+    let job = obs.job;
+    let mut active = eval.active_pods.len() as i32;
+    let mut event = None;
+    let mut suspend_changed = false;
+    match &eval.action {
+        PodAction::DeleteActive(list) => {
+            if outcome.delete_failed
+                || outcome.deleted != list.len() as i32
+                || !obs.expectations_satisfied
+            {
+                // Not every pod is known gone: the finish waits for a later sync (JR-48).
+                eval.finished = None;
+            }
+            active -= outcome.deleted;
+            eval.terminating += outcome.deleted;
+            eval.ready -= outcome.deleted_ready;
+        }
+        action => {
+            let managed = !matches!(action, PodAction::Skip);
+            match action {
+                PodAction::Remove(_) => {
+                    active -= outcome.deleted;
+                    eval.terminating += outcome.deleted;
+                    eval.ready -= outcome.deleted_ready;
+                }
+                PodAction::Create(list) => active += list.len() as i32 - outcome.not_created,
+                _ => {}
+            }
+            let complete = match completions(job) {
+                None => eval.succeeded > 0 && active == 0,
+                Some(c) => eval.succeeded >= c && active == 0,
+            };
+            if complete {
+                eval.finished = Some(new_condition(
+                    SUCCESS_CRITERIA_MET,
+                    "True",
+                    "CompletionsReached",
+                    "Reached expected number of succeeded pods",
+                    obs.now,
+                ));
+            } else if managed {
+                let conds = eval.status.conditions.get_or_insert_with(Vec::new);
+                if suspended(job) {
+                    if ensure_condition(
+                        conds,
+                        SUSPENDED,
+                        "True",
+                        "JobSuspended",
+                        "Job suspended",
+                        obs.now,
+                    ) {
+                        suspend_changed = true;
+                        event = Some(("Suspended", "Job suspended"));
+                        // JR-44 (MutableSchedulingDirectivesForSuspendedJobs, beta on).
+                        eval.status.start_time = None;
+                    }
+                } else if ensure_condition(
+                    conds,
+                    SUSPENDED,
+                    "False",
+                    "JobResumed",
+                    "Job resumed",
+                    obs.now,
+                ) {
+                    suspend_changed = true;
+                    event = Some(("Resumed", "Job resumed"));
+                    eval.status.start_time = Some(Time(obs.now));
+                }
+                if eval.status.conditions.as_ref().is_some_and(Vec::is_empty) {
+                    eval.status.conditions = None;
+                }
+            }
+        }
+    }
+    let old = job.status.clone().unwrap_or_default();
+    let needs = suspend_changed
+        || Some(active) != Some(old.active.unwrap_or(0))
+        || old.ready != Some(eval.ready)
+        || old.terminating != Some(eval.terminating);
+    eval.status.active = Some(active);
+    eval.status.ready = Some(eval.ready);
+    eval.status.terminating = Some(eval.terminating);
+    (needs, event)
+}
+
+/// The finalizer protocol's decisions (JR-26 steps 1–4).
+pub struct Tracking {
+    pub status: JobStatus,
+    pub needs_flush: bool,
+    pub uids_with_finalizer: HashSet<String>,
+    pub remove_finalizers: Vec<Arc<Pod>>,
+    /// The terminal condition to add once nothing is in flight (`Failed` or `Complete`).
+    pub final_condition: Option<JobCondition>,
+    pub reached_max_uncounted: bool,
+    /// Failed pods handled by a podFailurePolicy rule, by action (metric).
+    pub policy_actions: BTreeMap<&'static str, u64>,
+}
+
+/// JR-26 steps 1–4 and JR-28: which terminated pods enter `uncountedTerminatedPods` and lose
+/// their finalizer this sync, and the interim condition to write first.
+pub fn track(obs: &Observed<'_>, eval: &Evaluation, needs_update: bool) -> Tracking {
+    let job = obs.job;
+    let indexed = is_indexed(job);
+    let completions = indexed_completions(job);
+    let mut status = eval.status.clone();
+    let mut needs_flush = needs_update;
+    let mut pods_sorted: Vec<&Arc<Pod>> = obs.pods.iter().collect();
+    if indexed {
+        pods_sorted.sort_by_key(|p| pods::completion_index(p).map_or(-1, i64::from));
+    }
+    let with_finalizer: HashSet<String> = obs
+        .pods
+        .iter()
+        .filter(|p| {
+            pods::has_tracking_finalizer(p) && !obs.expected_rm_finalizers.contains(pods::uid(p))
+        })
+        .map(|p| pods::uid(p).to_string())
+        .collect();
+    if clean_uncounted(&mut status, &with_finalizer) {
+        needs_flush = true;
+    }
+    let mut unc = status.uncounted_terminated_pods.clone().unwrap_or_default();
+    let mut unc_succeeded = unc.succeeded.take().unwrap_or_default();
+    let mut unc_failed = unc.failed.take().unwrap_or_default();
+    let failing = eval
+        .finished
+        .as_ref()
+        .is_some_and(|c| !(c.type_ == SUCCESS_CRITERIA_MET && c.status == "True"));
+    let policy_spec = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.pod_failure_policy.as_ref());
+    let mut new_succeeded_indexes: Vec<i32> = Vec::new();
+    let mut remove = Vec::new();
+    let mut policy_actions: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut reached_max = false;
+    for pod in pods_sorted {
+        let uid = pods::uid(pod);
+        if !pods::has_tracking_finalizer(pod) || obs.expected_rm_finalizers.contains(uid) {
+            continue;
+        }
+        let considered_failed = pod_failed(pod, job);
+        if !can_remove_finalizer(obs, eval, pod, considered_failed) {
+            continue;
+        }
+        remove.push(Arc::clone(pod));
+        let valid_index = |p: &Pod| pods::completion_index(p).filter(|ix| *ix < completions);
+        if pods::succeeded(pod) && !eval.uncounted_failed.contains(uid) {
+            if indexed {
+                if let Some(ix) = valid_index(pod)
+                    && !eval.prev_succeeded_indexes.has(ix)
+                {
+                    new_succeeded_indexes.push(ix);
+                    needs_flush = true;
+                }
+            } else if !eval.uncounted_succeeded.contains(uid) {
+                needs_flush = true;
+                unc_succeeded.push(uid.to_string());
+            }
+        } else if (considered_failed || failing)
+            && !eval.uncounted_failed.contains(uid)
+            && (!indexed || valid_index(pod).is_some())
+        {
+            let m = policy::match_pod_failure_policy(policy_spec, pod);
+            if let Some(a) = m.action {
+                *policy_actions.entry(a.as_str()).or_default() += 1;
+            }
+            if m.counts {
+                needs_flush = true;
+                unc_failed.push(uid.to_string());
+            }
+        }
+        if new_succeeded_indexes.len() + unc_succeeded.len() + unc_failed.len()
+            >= MAX_UNCOUNTED_PODS
+        {
+            reached_max = true;
+            break;
+        }
+    }
+    status.uncounted_terminated_pods = Some(UncountedTerminatedPods {
+        succeeded: (!unc_succeeded.is_empty()).then_some(unc_succeeded),
+        failed: (!unc_failed.is_empty()).then_some(unc_failed),
+    });
+    if indexed {
+        let done = eval.succeeded_indexes.with_indexes(new_succeeded_indexes);
+        let text = done.to_string();
+        if status.completed_indexes.as_deref().unwrap_or_default() != text {
+            needs_flush = true;
+        }
+        status.succeeded = Some(done.total());
+        status.completed_indexes = Some(text);
+        let failed_text = eval.failed_indexes.as_ref().map(ToString::to_string);
+        if status.failed_indexes != failed_text {
+            status.failed_indexes = failed_text;
+            needs_flush = true;
+        }
+    }
+    let mut final_condition = None;
+    if let Some(c) = &eval.finished {
+        if c.type_ == FAILURE_TARGET {
+            // JR-49: the interim condition is written before any finalizer goes.
+            status
+                .conditions
+                .get_or_insert_with(Vec::new)
+                .push(c.clone());
+            needs_flush = true;
+            final_condition = Some(new_condition(
+                FAILED,
+                "True",
+                c.reason.as_deref().unwrap_or_default(),
+                c.message.as_deref().unwrap_or_default(),
+                obs.now,
+            ));
+        } else if c.type_ == SUCCESS_CRITERIA_MET {
+            if !condition_true(
+                status.conditions.as_deref().unwrap_or_default(),
+                SUCCESS_CRITERIA_MET,
+            ) {
+                status
+                    .conditions
+                    .get_or_insert_with(Vec::new)
+                    .push(c.clone());
+                needs_flush = true;
+            }
+            final_condition = Some(new_condition(
+                COMPLETE,
+                "True",
+                c.reason.as_deref().unwrap_or_default(),
+                c.message.as_deref().unwrap_or_default(),
+                obs.now,
+            ));
+        } else {
+            // A `Failed` derived from an existing FailureTarget.
+            final_condition = Some(c.clone());
+        }
+    }
+    Tracking {
+        status,
+        needs_flush,
+        uids_with_finalizer: with_finalizer,
+        remove_finalizers: remove,
+        final_condition,
+        reached_max_uncounted: reached_max,
+        policy_actions,
+    }
+}
+
+/// JR-28.
+fn can_remove_finalizer(
+    obs: &Observed<'_>,
+    eval: &Evaluation,
+    pod: &Pod,
+    considered_failed: bool,
+) -> bool {
+    if obs.job.metadata.deletion_timestamp.is_some()
+        || eval.finished.is_some()
+        || pods::succeeded(pod)
+    {
+        return true;
+    }
+    if !considered_failed {
+        return false;
+    }
+    if has_backoff_limit_per_index(obs.job)
+        && let Some(ix) = pods::completion_index(pod)
+        && eval
+            .delayed_deletion
+            .get(&ix)
+            .is_some_and(|p| pods::uid(p) == pods::uid(pod))
+    {
+        return false;
+    }
+    true
+}
+
+/// JR-26 steps 2 and 7: uncounted UIDs whose pod no longer has the finalizer move into the
+/// counters. Returns whether anything changed.
+pub fn clean_uncounted(status: &mut JobStatus, with_finalizer: &HashSet<String>) -> bool {
+    let unc = status
+        .uncounted_terminated_pods
+        .get_or_insert_with(UncountedTerminatedPods::default);
+    let mut changed = false;
+    let mut fold = |list: &mut Option<Vec<String>>, counter: &mut Option<i32>| {
+        let old = list.take().unwrap_or_default();
+        let n = old.len();
+        let kept: Vec<String> = old
+            .into_iter()
+            .filter(|u| with_finalizer.contains(u))
+            .collect();
+        if kept.len() != n {
+            changed = true;
+            *counter = Some(counter.unwrap_or(0) + (n - kept.len()) as i32);
+        }
+        *list = (!kept.is_empty()).then_some(kept);
+    };
+    fold(&mut unc.succeeded, &mut status.succeeded);
+    fold(&mut unc.failed, &mut status.failed);
+    changed
+}
+
+/// JR-26 step 8: add the terminal condition when nothing is uncounted or terminating.
+/// Returns whether the Job is now finished.
+pub fn enact_finished(
+    status: &mut JobStatus,
+    final_condition: Option<&JobCondition>,
+    now: Timestamp,
+) -> bool {
+    let Some(c) = final_condition else {
+        return false;
+    };
+    let unc = status.uncounted_terminated_pods.clone().unwrap_or_default();
+    if !unc.succeeded.unwrap_or_default().is_empty() || !unc.failed.unwrap_or_default().is_empty() {
+        return false;
+    }
+    if status.terminating.unwrap_or(0) > 0 {
+        return false;
+    }
+    let conds = status.conditions.get_or_insert_with(Vec::new);
+    ensure_condition(
+        conds,
+        &c.type_,
+        &c.status,
+        c.reason.as_deref().unwrap_or_default(),
+        c.message.as_deref().unwrap_or_default(),
+        now,
+    );
+    if c.type_ == COMPLETE {
+        // JR-52: exactly the stored condition's transition time.
+        status.completion_time = conds
+            .iter()
+            .find(|x| x.type_ == COMPLETE)
+            .and_then(|x| x.last_transition_time.clone());
+    }
+    true
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
