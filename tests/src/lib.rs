@@ -8,6 +8,7 @@ pub mod audit;
 pub mod cluster;
 pub mod harness;
 pub mod heartbeat;
+pub mod jobs;
 pub mod k8s;
 pub mod pilothouse;
 pub mod proxy;

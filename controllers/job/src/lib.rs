@@ -50,6 +50,9 @@ pub const MANAGED_BY: &str = "kubernetes.io/job-controller";
 const BATCH_PERIOD: Duration = Duration::from_secs(1);
 /// B-4: how often pods carrying our finalizer are checked for a Job that is gone or finished.
 const SWEEP_PERIOD: Duration = Duration::from_secs(60);
+/// B-4: retry cadence of failed finalizer removals.
+const RM_RETRY_BASE: Duration = Duration::from_secs(1);
+const RM_RETRY_MAX: Duration = Duration::from_secs(10);
 /// Index of pods without a controller, by namespace (candidates for adoption).
 const INDEX_ORPHAN_NAMESPACE: &str = "job-orphan-namespace";
 /// Index of pods carrying the tracking finalizer (the sweep's input).
@@ -142,6 +145,8 @@ struct Inner {
     written: Mutex<HashMap<String, u64>>,
     /// Job UIDs whose terminal condition we wrote and the cache has not shown yet (JR-7).
     finished: Mutex<HashSet<String>>,
+    /// Job UID → consecutive syncs with failed finalizer removals (B-4 retry cadence).
+    rm_failures: Mutex<HashMap<String, u32>>,
     metrics: Metrics,
     active: AtomicBool,
 }
@@ -186,6 +191,7 @@ pub fn init(opts: JobOptions) -> impl FnOnce(Setup) -> Result<Box<dyn Controller
             backoff: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
             finished: Mutex::new(HashSet::new()),
+            rm_failures: Mutex::new(HashMap::new()),
             metrics: Metrics::register(&setup.metrics),
             active: AtomicBool::new(false),
         });
@@ -301,6 +307,7 @@ impl Inner {
         self.backoff.lock().expect("lock").remove(uid);
         self.written.lock().expect("lock").remove(uid);
         self.finished.lock().expect("lock").remove(uid);
+        self.rm_failures.lock().expect("lock").remove(uid);
     }
 
     fn finalizer_removal_observed(&self, job_uid: &str, pod_uid: &str) {
@@ -738,7 +745,33 @@ impl Inner {
             self.events.normal(&job_ref(job), reason, "Sync", note);
         }
         let tracking = plan::track(&obs, &eval, needs_update);
-        self.flush(&obs, &eval, tracking).await?;
+        match self.flush(&obs, &eval, tracking).await {
+            Err(FlushError::Finalizers(e)) => {
+                // B-4: rejected finalizer removals retry on their own cadence (1 s doubling to
+                // 10 s), not the queue's (up to 60 s), so pods are released soon after an
+                // admission webhook stops rejecting. Status progress was already written.
+                let n = {
+                    let mut f = self.rm_failures.lock().expect("lock");
+                    let n = f.entry(uid.clone()).or_insert(0);
+                    *n = n.saturating_add(1);
+                    *n
+                };
+                tracing::warn!(error = %e, attempt = n, "tracking finalizer removal failed; will retry");
+                requeue(shared::ratelimit::backoff_delay(
+                    RM_RETRY_BASE,
+                    RM_RETRY_MAX,
+                    n - 1,
+                ));
+                return match manage_err {
+                    Some(e) => Err(e),
+                    None => Ok(next),
+                };
+            }
+            Err(FlushError::Other(e)) => return Err(e),
+            Ok(()) => {
+                self.rm_failures.lock().expect("lock").remove(&uid);
+            }
+        }
         match manage_err {
             Some(e) => Err(e),
             None => Ok(next),
@@ -1015,7 +1048,7 @@ impl Inner {
         obs: &Observed<'_>,
         eval: &Evaluation,
         t: plan::Tracking,
-    ) -> Result<(), Error> {
+    ) -> Result<(), FlushError> {
         let job = obs.job;
         let uid = uid_of(job);
         let mut current = job.clone();
@@ -1084,7 +1117,7 @@ impl Inner {
                 self.write_status(&current, &status).await?;
                 self.record_pods_finished(job, &counters, &status);
             }
-            return Err(e);
+            return Err(FlushError::Finalizers(e));
         }
         let now = Timestamp::now();
         let finished = !t.reached_max_uncounted
@@ -1142,6 +1175,18 @@ impl Inner {
                 reason,
             })
             .inc();
+    }
+}
+
+/// Finalizer removals that failed are retried on their own cadence (B-4).
+enum FlushError {
+    Finalizers(Error),
+    Other(Error),
+}
+
+impl From<Error> for FlushError {
+    fn from(e: Error) -> Self {
+        FlushError::Other(e)
     }
 }
 
