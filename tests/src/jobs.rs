@@ -199,3 +199,76 @@ pub fn uncounted_empty(job: &Job) -> bool {
                 && u.failed.as_ref().is_none_or(Vec::is_empty)
         })
 }
+
+/// What the simulated kubelet does with a running pod of a driven Job.
+#[derive(Clone, Copy, Debug)]
+pub enum Kubelet {
+    /// Containers exit with this code after this long (`3s`).
+    Exit(i32, &'static str),
+    /// The pod is deleted (default grace period), as by an eviction or a user.
+    Delete,
+    /// Keep running.
+    Run,
+}
+
+/// Plays the kubelet for a Job until it finishes: each running pod is handled once, by
+/// `decide(index, attempt)` (`attempt` counts earlier pods of the same index, or of the Job when
+/// NonIndexed). Abort the handle when done.
+pub fn drive(
+    j: &Jobs,
+    name: &str,
+    decide: impl Fn(Option<i32>, u32) -> Kubelet + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let j = j.clone();
+    let name = name.to_string();
+    tokio::spawn(async move {
+        let mut handled: BTreeSet<String> = BTreeSet::new();
+        let mut attempts: BTreeMap<Option<i32>, u32> = BTreeMap::new();
+        loop {
+            if let Ok(job) = j.get(&name).await
+                && finished(&job).is_some()
+            {
+                return;
+            }
+            let mut pods = j.pods_of(&name).await.unwrap_or_default();
+            pods.sort_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0));
+            for p in pods {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                if phase(&p) != "Running"
+                    || p.metadata.deletion_timestamp.is_some()
+                    || handled.contains(&uid)
+                {
+                    continue;
+                }
+                handled.insert(uid);
+                let index = annotation(&p, "batch.kubernetes.io/job-completion-index")
+                    .and_then(|v| v.parse().ok());
+                let n = attempts.entry(index).or_insert(0);
+                let action = decide(index, *n);
+                *n += 1;
+                let pname = p.metadata.name.clone().unwrap_or_default();
+                let _ = match action {
+                    Kubelet::Exit(code, after) => j
+                        .pods
+                        .patch(
+                            &pname,
+                            &kube::api::PatchParams::default(),
+                            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                                "pilothouse.test/exit-code": code.to_string(),
+                                "pilothouse.test/run-for": after}}})),
+                        )
+                        .await
+                        .map(|_| ()),
+                    Kubelet::Delete => j
+                        .pods
+                        .delete(&pname, &kube::api::DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                    Kubelet::Run => Ok(()),
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
