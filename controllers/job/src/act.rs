@@ -136,12 +136,22 @@ pub fn pod_from_template(job: &Job, new: &NewPod) -> Pod {
 }
 
 /// Creates the pod. The API server already retries generated-name collisions; should one still
-/// surface as AlreadyExists, the create is retried once with a new generated name.
+/// surface as AlreadyExists, the create is retried with a new generated name (once: the caller's
+/// single creation expectation stays right, as only one pod can result).
 pub async fn create_pod(client: &Client, job: &Job, new: &NewPod) -> Result<Pod, kube::Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), &job.namespace().unwrap_or_default());
     let pod = pod_from_template(job, new);
-    match api.create(&PostParams::default(), &pod).await {
-        Err(e) if is_already_exists(&e) => api.create(&PostParams::default(), &pod).await,
+    let pp = PostParams::default();
+    retry_generated_name(|| api.create(&pp, &pod)).await
+}
+
+async fn retry_generated_name<T, F, Fut>(mut create: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    match create().await {
+        Err(e) if is_already_exists(&e) => create().await,
         r => r,
     }
 }
@@ -368,6 +378,54 @@ mod tests {
             p.metadata.annotations.unwrap()[INDEX_IGNORED_FAILURE_COUNT],
             "2"
         );
+    }
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("x", reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[tokio::test]
+    async fn generated_name_collision_is_retried_once() {
+        use std::cell::Cell;
+        // AlreadyExists once, then success: one retry, one pod.
+        let calls = Cell::new(0);
+        let r = retry_generated_name(|| {
+            calls.set(calls.get() + 1);
+            let n = calls.get();
+            async move {
+                if n == 1 {
+                    Err(api_error(409, "AlreadyExists"))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!((r.ok(), calls.get()), (Some(2), 2));
+        // Other errors (a conflict, a quota rejection) are not retried here.
+        for (code, reason) in [(409, "Conflict"), (403, "Forbidden")] {
+            let calls = Cell::new(0);
+            let r: Result<(), _> = retry_generated_name(|| {
+                calls.set(calls.get() + 1);
+                async move { Err(api_error(code, reason)) }
+            })
+            .await;
+            assert!(r.is_err());
+            assert_eq!(calls.get(), 1);
+        }
+        // Never more than one retry.
+        let calls = Cell::new(0);
+        let r: Result<(), _> = retry_generated_name(|| {
+            calls.set(calls.get() + 1);
+            async { Err(api_error(409, "AlreadyExists")) }
+        })
+        .await;
+        assert!(r.is_err());
+        assert_eq!(calls.get(), 2);
     }
 
     #[test]
