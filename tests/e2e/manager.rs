@@ -314,7 +314,7 @@ async fn controllers_flag() -> Result<()> {
         "{log}"
     );
 
-    let mut planned = spawn("e-planned", &election_args(&lease, &["--controllers=job"]))?;
+    let mut planned = spawn("e-planned", &election_args(&lease, &["--controllers=cronjob"]))?;
     let status = planned.wait_exit(Duration::from_secs(10)).await?;
     ensure!(
         status.code() == Some(2),
@@ -323,7 +323,7 @@ async fn controllers_flag() -> Result<()> {
     ensure!(
         planned
             .log_text()
-            .contains("\"job\" is planned but not built yet"),
+            .contains("\"cronjob\" is planned but not built yet"),
         "{}",
         planned.log_text()
     );
@@ -444,11 +444,34 @@ async fn controllers_flag_limits_watches() -> Result<()> {
     ensure!(nlc.wait_exit(Duration::from_secs(5)).await?.success());
 
     let start = k8s_openapi::jiff::Timestamp::now();
+    let mut jc = Pilothouse::spawn(
+        "only-jc",
+        &own.kubeconfig,
+        &dir,
+        &["--controllers=job".to_string()],
+    )?;
+    jc.wait_log(
+        "starting controller controller=\"job-controller\"",
+        Duration::from_secs(30),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let watched = watches_since(start)?;
+    let want: std::collections::BTreeSet<String> =
+        ["jobs", "pods"].iter().map(|s| s.to_string()).collect();
+    ensure!(
+        watched == want,
+        "job-controller alone watched {watched:?}, want {want:?}"
+    );
+    jc.sigterm()?;
+    ensure!(jc.wait_exit(Duration::from_secs(5)).await?.success());
+
+    let start = k8s_openapi::jiff::Timestamp::now();
     let mut none = Pilothouse::spawn(
         "none",
         &own.kubeconfig,
         &dir,
-        &["--controllers=*,-taint-eviction-controller,-node-lifecycle-controller".to_string()],
+        &["--controllers=*,-taint-eviction-controller,-node-lifecycle-controller,-job-controller".to_string()],
     )?;
     none.wait_log(
         "leading; waiting for caches to sync",

@@ -18,6 +18,14 @@ pub struct AuditEvent {
     /// RFC 3339 with microseconds.
     #[serde(default)]
     pub request_received_timestamp: String,
+    #[serde(default)]
+    pub user: UserInfo,
+}
+
+#[derive(Debug, Deserialize, Clone, Default)]
+pub struct UserInfo {
+    #[serde(default)]
+    pub username: String,
 }
 
 impl AuditEvent {

@@ -5,6 +5,7 @@
 //! Failures print the relevant objects and the Pilothouse log tail (see [`Pilothouse::log_tail`]).
 
 pub mod audit;
+pub mod bench;
 pub mod cluster;
 pub mod harness;
 pub mod heartbeat;

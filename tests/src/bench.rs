@@ -1,0 +1,438 @@
+//! Side-by-side benchmarks (issue 6): one workload, run on fresh control planes started the same
+//! way, once with upstream kube-controller-manager running only the controllers under test (a
+//! process of its own, the rest of the cluster's controllers in the unmeasured main one) and once
+//! with Pilothouse running them, alternating the order across pairs.
+//!
+//! Measured per run, from outside both controllers: time to converge (first object created → last
+//! object seen in its final state, by polling the API every 100 ms), API requests of the process
+//! under test by verb (the API server's audit log, attributed by user name), its CPU seconds
+//! during the workload and its peak RSS (`/proc/<pid>`), and a digest of the final state, which
+//! must be equal on both sides.
+
+use crate::cluster::{Cluster, ClusterOptions};
+use crate::jobs::{self, Jobs};
+use crate::{audit, k8s, unique, wait};
+use anyhow::{Context, Result, bail, ensure};
+use kube::Client;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::time::Instant;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Side {
+    Upstream,
+    Pilothouse,
+}
+
+impl Side {
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Upstream => "upstream",
+            Side::Pilothouse => "pilothouse",
+        }
+    }
+}
+
+/// A workload and its size. `scale` multiplies object counts (1.0 = the issue's sizes).
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub name: &'static str,
+    pub scale: f64,
+}
+
+pub const WORKLOADS: &[&str] = &["job-burst", "job-failures"];
+
+/// Client rate limits given to both sides alike.
+#[derive(Clone, Copy, Debug)]
+pub struct Profile {
+    pub qps: u32,
+    pub burst: u32,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    pub converge_seconds: f64,
+    pub requests: BTreeMap<String, u64>,
+    pub cpu_seconds: f64,
+    pub peak_rss_mib: f64,
+    /// (seconds since the first create, objects converged so far).
+    pub series: Vec<(f64, usize)>,
+    /// Final state: per object, a digest line.
+    pub state: BTreeMap<String, String>,
+}
+
+impl RunResult {
+    pub fn writes(&self) -> u64 {
+        self.requests
+            .iter()
+            .filter(|(v, _)| !matches!(v.as_str(), "get" | "list" | "watch"))
+            .map(|(_, n)| n)
+            .sum()
+    }
+    pub fn total_requests(&self) -> u64 {
+        self.requests.values().sum()
+    }
+}
+
+fn scaled(n: usize, scale: f64) -> usize {
+    ((n as f64 * scale).round() as usize).max(1)
+}
+
+/// The Jobs of a workload: (name, spec, template).
+fn jobs_of(w: &Workload) -> Result<Vec<k8s_openapi::api::batch::v1::Job>> {
+    let mut out = Vec::new();
+    match w.name {
+        "job-burst" => {
+            for i in 0..scaled(500, w.scale) {
+                out.push(jobs::job(&format!("burst-{i}"), json!({}), jobs::template(Some(0), "1s"))?);
+            }
+            let completions = scaled(1000, w.scale);
+            let parallelism = scaled(100, w.scale).min(completions);
+            out.push(jobs::job(
+                "burst-indexed",
+                json!({"completionMode": "Indexed", "completions": completions, "parallelism": parallelism}),
+                jobs::template(Some(0), "1s"),
+            )?);
+        }
+        "job-failures" => {
+            // Mixed exit codes under one podFailurePolicy and backoffLimit 2: a third fail the
+            // Job at once (42, FailJob), a third exhaust the backoff limit (1, Count, with 10 s
+            // and 20 s of pod-failure backoff), a third succeed.
+            for i in 0..scaled(200, w.scale) {
+                let code = [42, 1, 0][i % 3];
+                out.push(jobs::job(
+                    &format!("fail-{i}"),
+                    json!({"backoffLimit": 2, "podFailurePolicy": {"rules": [
+                        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}},
+                        {"action": "Count", "onExitCodes": {"operator": "In", "values": [1]}}]}}),
+                    jobs::template(Some(code), "1s"),
+                )?);
+            }
+        }
+        other => bail!("unknown workload {other:?} (known: {WORKLOADS:?})"),
+    }
+    Ok(out)
+}
+
+/// CPU seconds (user + system) of a process so far.
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed stat")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
+}
+
+/// Peak resident set size (VmHWM) in MiB.
+pub fn peak_rss_mib(pid: u32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .context("no VmHWM")?
+        .parse()?;
+    Ok(kb / 1024.0)
+}
+
+/// A client certificate for a user of its own (system:masters), so the audit log attributes
+/// every request of the process under test to it.
+fn user_kubeconfig(cluster: &Cluster, user: &str) -> Result<PathBuf> {
+    let pki = cluster.dir.join("pki");
+    let run = |args: &[&str]| -> Result<()> {
+        let st = Command::new("openssl").args(args).current_dir(&pki).stderr(Stdio::null()).status()?;
+        ensure!(st.success(), "openssl {args:?} failed");
+        Ok(())
+    };
+    let subj = format!("/O=system:masters/CN={user}");
+    run(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", &subj, "-keyout", &format!("{user}.key"), "-out", &format!("{user}.csr")])?;
+    run(&["x509", "-req", "-in", &format!("{user}.csr"), "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "admin.ext", "-out", &format!("{user}.crt")])?;
+    let text = std::fs::read_to_string(&cluster.kubeconfig)?;
+    let text = text.replace("admin.crt", &format!("{user}.crt")).replace("admin.key", &format!("{user}.key"));
+    ensure!(text.contains(&format!("{user}.crt")), "the admin kubeconfig does not name pki/admin.crt");
+    let path = cluster.dir.join(format!("{user}.kubeconfig"));
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The process under test on a fresh control plane.
+struct UnderTest {
+    child: Child,
+    user: &'static str,
+    command: String,
+}
+
+impl Drop for UnderTest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_under_test(side: Side, cluster: &Cluster, controllers: &[&str], p: Profile) -> Result<UnderTest> {
+    let user = match side {
+        Side::Upstream => "bench-kcm",
+        Side::Pilothouse => "bench-pilothouse",
+    };
+    let kc = user_kubeconfig(cluster, user)?;
+    let log = std::fs::File::create(cluster.dir.join(format!("logs/{user}.log")))?;
+    let mut cmd = match side {
+        Side::Upstream => {
+            let mut c = Command::new(cluster.bin_dir()?.join("kube-controller-manager"));
+            c.arg(format!("--kubeconfig={}", kc.display()))
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={}", free_port()?))
+                .arg("--leader-elect=false")
+                .arg(format!("--controllers={}", controllers.join(",")));
+            c
+        }
+        Side::Pilothouse => {
+            let mut c = Command::new(release_binary()?);
+            c.arg(format!("--kubeconfig={}", kc.display()))
+                .arg("--metrics-bind-address=127.0.0.1:0")
+                .arg("--leader-elect=false")
+                .arg(format!("--controllers={}", controllers.join(",")));
+            c
+        }
+    };
+    cmd.arg(format!("--kube-api-qps={}", p.qps)).arg(format!("--kube-api-burst={}", p.burst));
+    let command = format!("{cmd:?}");
+    let child = cmd.stdout(log.try_clone()?).stderr(log).spawn().with_context(|| format!("spawning {command}"))?;
+    Ok(UnderTest { child, user, command })
+}
+
+static BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Runs Pilothouse from `path` instead (the smoke run uses the debug build).
+pub fn use_binary(path: PathBuf) {
+    let _ = BINARY.set(path);
+}
+
+/// [`use_binary`]'s, else `$PILOTHOUSE_BIN`, else the workspace's release build (benchmarks
+/// measure optimised code).
+fn release_binary() -> Result<PathBuf> {
+    if let Some(p) = BINARY.get() {
+        return Ok(p.clone());
+    }
+    if let Ok(p) = std::env::var("PILOTHOUSE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let p = crate::repo_root().join("target/release/pilothouse");
+    ensure!(p.exists(), "{} is missing: cargo build --release -p pilothouse", p.display());
+    Ok(p)
+}
+
+/// Runs `w` once on a fresh control plane with `side` running the Job controller.
+pub async fn run_once(w: &Workload, side: Side, p: Profile, log: &mut dyn FnMut(String)) -> Result<RunResult> {
+    let cluster = Cluster::up(
+        &unique(&format!("bench-{}-{}", w.name, side.name())),
+        ClusterOptions { replace: Some(vec!["job-controller"]), nodes: 3, ..Default::default() },
+    )?;
+    let under = start_under_test(side, &cluster, &["job-controller"], p)?;
+    log(format!("  {} ran: {}", side.name(), under.command));
+    let pid = under.child.id();
+    let client = cluster.client().await?;
+    let ns = "bench";
+    let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    nss.create(&Default::default(), &serde_json::from_value(json!({"metadata": {"name": ns}}))?).await?;
+    k8s::wait_service_account(&client, ns).await?;
+    // Let the process under test list and settle before the clock starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let j = Jobs::new(client.clone(), ns);
+    let objects = jobs_of(w)?;
+    let cpu0 = cpu_seconds(pid)?;
+    let start = Instant::now();
+    let since = k8s_openapi::jiff::Timestamp::now();
+    for job in &objects {
+        j.create(job).await?;
+    }
+    let total = objects.len();
+    let mut series = vec![(0.0, 0)];
+    let mut last = 0;
+    let timeout = Duration::from_secs(1800);
+    loop {
+        let done = finished_count(&client, ns).await?;
+        if done != last {
+            series.push((start.elapsed().as_secs_f64(), done));
+            last = done;
+        }
+        if done == total {
+            break;
+        }
+        ensure!(start.elapsed() < timeout, "{}: {done}/{total} converged after {timeout:?}", side.name());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let converge_seconds = start.elapsed().as_secs_f64();
+    let cpu_seconds = cpu_seconds(pid)? - cpu0;
+    let peak_rss_mib = peak_rss_mib(pid)?;
+    // The final state, once no tracking finalizer is left.
+    wait::until("no tracking finalizers left", Duration::from_secs(120), Duration::from_millis(500), || async {
+        let pods = j.pods.list(&Default::default()).await?;
+        Ok((!pods.items.iter().any(jobs::has_finalizer)).then_some(()))
+    })
+    .await?;
+    let state = digest(&client, ns).await?;
+    // The audit log is written in batches: give it a moment.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let requests = requests_by_verb(&cluster.audit_log(), under.user, since)?;
+    drop(under);
+    drop(cluster);
+    Ok(RunResult { converge_seconds, requests, cpu_seconds, peak_rss_mib, series, state })
+}
+
+async fn finished_count(client: &Client, ns: &str) -> Result<usize> {
+    let api: kube::Api<k8s_openapi::api::batch::v1::Job> = kube::Api::namespaced(client.clone(), ns);
+    Ok(api.list(&Default::default()).await?.items.iter().filter(|j| jobs::finished(j).is_some()).count())
+}
+
+async fn digest(client: &Client, ns: &str) -> Result<BTreeMap<String, String>> {
+    let api: kube::Api<k8s_openapi::api::batch::v1::Job> = kube::Api::namespaced(client.clone(), ns);
+    let mut out = BTreeMap::new();
+    for j in api.list(&Default::default()).await?.items {
+        let c = jobs::finished(&j).cloned().unwrap_or_default();
+        let (a, r, t, s, f) = jobs::counts(&j);
+        out.insert(
+            j.metadata.name.clone().unwrap_or_default(),
+            format!("{}/{} active={a} ready={r} terminating={t} succeeded={s} failed={f}", c.type_, c.reason.unwrap_or_default()),
+        );
+    }
+    Ok(out)
+}
+
+/// Requests by verb from `user` received since `since` (each request once: its completion, or a
+/// watch's start).
+fn requests_by_verb(log: &Path, user: &str, since: k8s_openapi::jiff::Timestamp) -> Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for e in audit::read(log)? {
+        let counted = (e.stage == "ResponseComplete" && e.verb != "watch") || (e.stage == "ResponseStarted" && e.verb == "watch");
+        if counted && e.user.username == user && e.received().is_some_and(|t| t >= since) {
+            *out.entry(e.verb.clone()).or_default() += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Runs `pairs` pairs (A B, B A, …) and returns every run, in order.
+pub async fn run_pairs(w: &Workload, p: Profile, pairs: usize, log: &mut dyn FnMut(String)) -> Result<Vec<(Side, RunResult)>> {
+    let mut runs = Vec::new();
+    for i in 0..pairs {
+        let order = if i % 2 == 0 { [Side::Upstream, Side::Pilothouse] } else { [Side::Pilothouse, Side::Upstream] };
+        for side in order {
+            log(format!("{} pair {}/{pairs}: {}", w.name, i + 1, side.name()));
+            let r = run_once(w, side, p, log).await.with_context(|| format!("{} {}", w.name, side.name()))?;
+            log(format!(
+                "  converged in {:.1}s, {} requests ({} writes), {:.2} CPU-s, peak RSS {:.1} MiB",
+                r.converge_seconds,
+                r.total_requests(),
+                r.writes(),
+                r.cpu_seconds,
+                r.peak_rss_mib
+            ));
+            runs.push((side, r));
+        }
+    }
+    // Correctness: every run ended in the same state.
+    if let Some((_, first)) = runs.first() {
+        for (side, r) in &runs {
+            if r.state != first.state {
+                let diff: Vec<String> = r
+                    .state
+                    .iter()
+                    .filter(|(k, v)| first.state.get(*k) != Some(*v))
+                    .map(|(k, v)| format!("{k}: {v} vs {:?}", first.state.get(k)))
+                    .take(5)
+                    .collect();
+                bail!("{}: the {} run ended in another state: {diff:?}", w.name, side.name());
+            }
+        }
+    }
+    Ok(runs)
+}
+
+/// The Markdown table: medians per side and the median of per-pair ratios.
+pub fn table(w: &Workload, p: Profile, runs: &[(Side, RunResult)]) -> String {
+    let of = |s: Side| runs.iter().filter(move |(x, _)| *x == s).map(|(_, r)| r);
+    let pairs: Vec<(&RunResult, &RunResult)> = of(Side::Upstream).zip(of(Side::Pilothouse)).collect();
+    let mut out = format!(
+        "### {} (scale {}, qps {}/burst {}, {} pair(s), order alternating)\n\n| metric | upstream | Pilothouse | ratio (Pilothouse / upstream, median of pairs) |\n|---|---|---|---|\n",
+        w.name,
+        w.scale,
+        p.qps,
+        p.burst,
+        pairs.len()
+    );
+    let metrics: [(&str, fn(&RunResult) -> f64); 5] = [
+        ("time to converge (s)", |r| r.converge_seconds),
+        ("API requests", |r| r.total_requests() as f64),
+        ("API writes", |r| r.writes() as f64),
+        ("CPU seconds", |r| r.cpu_seconds),
+        ("peak RSS (MiB)", |r| r.peak_rss_mib),
+    ];
+    for (name, f) in metrics {
+        let up = median(of(Side::Upstream).map(f).collect());
+        let ph = median(of(Side::Pilothouse).map(f).collect());
+        let ratio = median(pairs.iter().map(|(u, o)| f(o) / f(u)).collect());
+        out.push_str(&format!("| {name} | {up:.2} | {ph:.2} | {ratio:.2} |\n"));
+    }
+    let verbs: std::collections::BTreeSet<&String> = runs.iter().flat_map(|(_, r)| r.requests.keys()).collect();
+    for v in verbs {
+        let up = median(of(Side::Upstream).map(|r| *r.requests.get(v).unwrap_or(&0) as f64).collect());
+        let ph = median(of(Side::Pilothouse).map(|r| *r.requests.get(v).unwrap_or(&0) as f64).collect());
+        out.push_str(&format!("| requests: {v} | {up:.0} | {ph:.0} | {} |\n", if up > 0.0 { format!("{:.2}", ph / up) } else { "-".into() }));
+    }
+    out
+}
+
+/// An SVG plot of objects converged over time, one line per run.
+pub fn plot(path: &Path, w: &Workload, runs: &[(Side, RunResult)]) -> Result<()> {
+    use plotters::prelude::*;
+    let max_t = runs.iter().map(|(_, r)| r.converge_seconds).fold(1.0, f64::max);
+    let max_n = runs.iter().map(|(_, r)| r.series.last().map_or(0, |s| s.1)).max().unwrap_or(1).max(1);
+    let root = SVGBackend::new(path, (800, 450)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("{}: objects converged over time", w.name), ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..max_t * 1.05, 0usize..max_n + max_n / 20 + 1)?;
+    chart.configure_mesh().x_desc("seconds since the first create").y_desc("objects in their final state").draw()?;
+    for (i, (side, r)) in runs.iter().enumerate() {
+        let color = match side {
+            Side::Upstream => RED,
+            Side::Pilothouse => BLUE,
+        };
+        let mut pts: Vec<(f64, usize)> = Vec::new();
+        for w2 in r.series.windows(2) {
+            pts.push(w2[0]);
+            pts.push((w2[1].0, w2[0].1));
+        }
+        pts.extend(r.series.last().copied());
+        chart
+            .draw_series(LineSeries::new(pts, color.stroke_width(2)))?
+            .label(format!("{} (run {})", side.name(), i + 1))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    root.present()?;
+    Ok(())
+}
