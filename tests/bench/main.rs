@@ -31,15 +31,23 @@ fn parse() -> Result<Args> {
             Some((n, v)) => (n.to_string(), Some(v.to_string())),
             None => (flag.clone(), None),
         };
-        let mut value = || inline.clone().or_else(|| it.next()).with_context(|| format!("{name} needs a value"));
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .with_context(|| format!("{name} needs a value"))
+        };
         match name.as_str() {
             "--workload" => {
                 let v = value()?;
-                a.workloads = if v == "all" {
-                    WORKLOADS.to_vec()
-                } else {
-                    vec![*WORKLOADS.iter().find(|w| **w == v).with_context(|| format!("unknown workload {v}; known: {WORKLOADS:?}"))?]
-                };
+                a.workloads =
+                    if v == "all" {
+                        WORKLOADS.to_vec()
+                    } else {
+                        vec![*WORKLOADS.iter().find(|w| **w == v).with_context(|| {
+                            format!("unknown workload {v}; known: {WORKLOADS:?}")
+                        })?]
+                    };
             }
             "--pairs" => a.pairs = value()?.parse()?,
             "--scale" => a.scale = value()?.parse()?,
@@ -55,16 +63,26 @@ fn parse() -> Result<Args> {
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| s.lines().next().map(|l| l.trim_start_matches("MemTotal:").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .map(|l| l.trim_start_matches("MemTotal:").trim().to_string())
+        })
         .unwrap_or_default();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!(
         "{} CPU(s) ({cpu}), {mem} memory, Linux {}",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
         kernel.trim()
     )
 }
@@ -85,8 +103,13 @@ fn main() -> Result<()> {
             .unwrap_or("?")
     );
     for name in &args.workloads {
-        let w = Workload { name, scale: args.scale };
-        let runs = rt.block_on(bench::run_pairs(&w, args.profile, args.pairs, &mut |l| println!("{l}")))?;
+        let w = Workload {
+            name,
+            scale: args.scale,
+        };
+        let runs = rt.block_on(bench::run_pairs(&w, args.profile, args.pairs, &mut |l| {
+            println!("{l}")
+        }))?;
         let table = bench::table(&w, args.profile, &runs);
         println!("\n{table}");
         let svg = args.out.join(format!("{name}.svg"));

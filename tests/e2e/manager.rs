@@ -314,7 +314,10 @@ async fn controllers_flag() -> Result<()> {
         "{log}"
     );
 
-    let mut planned = spawn("e-planned", &election_args(&lease, &["--controllers=cronjob"]))?;
+    let mut planned = spawn(
+        "e-planned",
+        &election_args(&lease, &["--controllers=cronjob"]),
+    )?;
     let status = planned.wait_exit(Duration::from_secs(10)).await?;
     ensure!(
         status.code() == Some(2),
@@ -471,7 +474,10 @@ async fn controllers_flag_limits_watches() -> Result<()> {
         "none",
         &own.kubeconfig,
         &dir,
-        &["--controllers=*,-taint-eviction-controller,-node-lifecycle-controller,-job-controller".to_string()],
+        &[
+            "--controllers=*,-taint-eviction-controller,-node-lifecycle-controller,-job-controller"
+                .to_string(),
+        ],
     )?;
     none.wait_log(
         "leading; waiting for caches to sync",

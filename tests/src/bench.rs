@@ -87,7 +87,11 @@ fn jobs_of(w: &Workload) -> Result<Vec<k8s_openapi::api::batch::v1::Job>> {
     match w.name {
         "job-burst" => {
             for i in 0..scaled(500, w.scale) {
-                out.push(jobs::job(&format!("burst-{i}"), json!({}), jobs::template(Some(0), "1s"))?);
+                out.push(jobs::job(
+                    &format!("burst-{i}"),
+                    json!({}),
+                    jobs::template(Some(0), "1s"),
+                )?);
             }
             let completions = scaled(1000, w.scale);
             let parallelism = scaled(100, w.scale).min(completions);
@@ -121,7 +125,10 @@ fn jobs_of(w: &Workload) -> Result<Vec<k8s_openapi::api::batch::v1::Job>> {
 pub fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed stat")?;
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed stat")?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
     // SAFETY: sysconf has no memory-safety preconditions.
@@ -146,23 +153,61 @@ pub fn peak_rss_mib(pid: u32) -> Result<f64> {
 fn user_kubeconfig(cluster: &Cluster, user: &str) -> Result<PathBuf> {
     let pki = cluster.dir.join("pki");
     let run = |args: &[&str]| -> Result<()> {
-        let st = Command::new("openssl").args(args).current_dir(&pki).stderr(Stdio::null()).status()?;
+        let st = Command::new("openssl")
+            .args(args)
+            .current_dir(&pki)
+            .stderr(Stdio::null())
+            .status()?;
         ensure!(st.success(), "openssl {args:?} failed");
         Ok(())
     };
     let subj = format!("/O=system:masters/CN={user}");
-    run(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", &subj, "-keyout", &format!("{user}.key"), "-out", &format!("{user}.csr")])?;
-    run(&["x509", "-req", "-in", &format!("{user}.csr"), "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "admin.ext", "-out", &format!("{user}.crt")])?;
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        &subj,
+        "-keyout",
+        &format!("{user}.key"),
+        "-out",
+        &format!("{user}.csr"),
+    ])?;
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &format!("{user}.csr"),
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "admin.ext",
+        "-out",
+        &format!("{user}.crt"),
+    ])?;
     let text = std::fs::read_to_string(&cluster.kubeconfig)?;
-    let text = text.replace("admin.crt", &format!("{user}.crt")).replace("admin.key", &format!("{user}.key"));
-    ensure!(text.contains(&format!("{user}.crt")), "the admin kubeconfig does not name pki/admin.crt");
+    let text = text
+        .replace("admin.crt", &format!("{user}.crt"))
+        .replace("admin.key", &format!("{user}.key"));
+    ensure!(
+        text.contains(&format!("{user}.crt")),
+        "the admin kubeconfig does not name pki/admin.crt"
+    );
     let path = cluster.dir.join(format!("{user}.kubeconfig"));
     std::fs::write(&path, text)?;
     Ok(path)
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// The process under test on a fresh control plane.
@@ -179,7 +224,12 @@ impl Drop for UnderTest {
     }
 }
 
-fn start_under_test(side: Side, cluster: &Cluster, controllers: &[&str], p: Profile) -> Result<UnderTest> {
+fn start_under_test(
+    side: Side,
+    cluster: &Cluster,
+    controllers: &[&str],
+    p: Profile,
+) -> Result<UnderTest> {
     let user = match side {
         Side::Upstream => "bench-kcm",
         Side::Pilothouse => "bench-pilothouse",
@@ -205,10 +255,19 @@ fn start_under_test(side: Side, cluster: &Cluster, controllers: &[&str], p: Prof
             c
         }
     };
-    cmd.arg(format!("--kube-api-qps={}", p.qps)).arg(format!("--kube-api-burst={}", p.burst));
+    cmd.arg(format!("--kube-api-qps={}", p.qps))
+        .arg(format!("--kube-api-burst={}", p.burst));
     let command = format!("{cmd:?}");
-    let child = cmd.stdout(log.try_clone()?).stderr(log).spawn().with_context(|| format!("spawning {command}"))?;
-    Ok(UnderTest { child, user, command })
+    let child = cmd
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("spawning {command}"))?;
+    Ok(UnderTest {
+        child,
+        user,
+        command,
+    })
 }
 
 static BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -228,15 +287,28 @@ fn release_binary() -> Result<PathBuf> {
         return Ok(PathBuf::from(p));
     }
     let p = crate::repo_root().join("target/release/pilothouse");
-    ensure!(p.exists(), "{} is missing: cargo build --release -p pilothouse", p.display());
+    ensure!(
+        p.exists(),
+        "{} is missing: cargo build --release -p pilothouse",
+        p.display()
+    );
     Ok(p)
 }
 
 /// Runs `w` once on a fresh control plane with `side` running the Job controller.
-pub async fn run_once(w: &Workload, side: Side, p: Profile, log: &mut dyn FnMut(String)) -> Result<RunResult> {
+pub async fn run_once(
+    w: &Workload,
+    side: Side,
+    p: Profile,
+    log: &mut dyn FnMut(String),
+) -> Result<RunResult> {
     let cluster = Cluster::up(
         &unique(&format!("bench-{}-{}", w.name, side.name())),
-        ClusterOptions { replace: Some(vec!["job-controller"]), nodes: 3, ..Default::default() },
+        ClusterOptions {
+            replace: Some(vec!["job-controller"]),
+            nodes: 3,
+            ..Default::default()
+        },
     )?;
     let under = start_under_test(side, &cluster, &["job-controller"], p)?;
     log(format!("  {} ran: {}", side.name(), under.command));
@@ -244,7 +316,11 @@ pub async fn run_once(w: &Workload, side: Side, p: Profile, log: &mut dyn FnMut(
     let client = cluster.client().await?;
     let ns = "bench";
     let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
-    nss.create(&Default::default(), &serde_json::from_value(json!({"metadata": {"name": ns}}))?).await?;
+    nss.create(
+        &Default::default(),
+        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+    )
+    .await?;
     k8s::wait_service_account(&client, ns).await?;
     // Let the process under test list and settle before the clock starts.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -269,17 +345,26 @@ pub async fn run_once(w: &Workload, side: Side, p: Profile, log: &mut dyn FnMut(
         if done == total {
             break;
         }
-        ensure!(start.elapsed() < timeout, "{}: {done}/{total} converged after {timeout:?}", side.name());
+        ensure!(
+            start.elapsed() < timeout,
+            "{}: {done}/{total} converged after {timeout:?}",
+            side.name()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let converge_seconds = start.elapsed().as_secs_f64();
     let cpu_seconds = cpu_seconds(pid)? - cpu0;
     let peak_rss_mib = peak_rss_mib(pid)?;
     // The final state, once no tracking finalizer is left.
-    wait::until("no tracking finalizers left", Duration::from_secs(120), Duration::from_millis(500), || async {
-        let pods = j.pods.list(&Default::default()).await?;
-        Ok((!pods.items.iter().any(jobs::has_finalizer)).then_some(()))
-    })
+    wait::until(
+        "no tracking finalizers left",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            let pods = j.pods.list(&Default::default()).await?;
+            Ok((!pods.items.iter().any(jobs::has_finalizer)).then_some(()))
+        },
+    )
     .await?;
     let state = digest(&client, ns).await?;
     // The audit log is written in batches: give it a moment.
@@ -287,23 +372,42 @@ pub async fn run_once(w: &Workload, side: Side, p: Profile, log: &mut dyn FnMut(
     let requests = requests_by_verb(&cluster.audit_log(), under.user, since)?;
     drop(under);
     drop(cluster);
-    Ok(RunResult { converge_seconds, requests, cpu_seconds, peak_rss_mib, series, state })
+    Ok(RunResult {
+        converge_seconds,
+        requests,
+        cpu_seconds,
+        peak_rss_mib,
+        series,
+        state,
+    })
 }
 
 async fn finished_count(client: &Client, ns: &str) -> Result<usize> {
-    let api: kube::Api<k8s_openapi::api::batch::v1::Job> = kube::Api::namespaced(client.clone(), ns);
-    Ok(api.list(&Default::default()).await?.items.iter().filter(|j| jobs::finished(j).is_some()).count())
+    let api: kube::Api<k8s_openapi::api::batch::v1::Job> =
+        kube::Api::namespaced(client.clone(), ns);
+    Ok(api
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .filter(|j| jobs::finished(j).is_some())
+        .count())
 }
 
 async fn digest(client: &Client, ns: &str) -> Result<BTreeMap<String, String>> {
-    let api: kube::Api<k8s_openapi::api::batch::v1::Job> = kube::Api::namespaced(client.clone(), ns);
+    let api: kube::Api<k8s_openapi::api::batch::v1::Job> =
+        kube::Api::namespaced(client.clone(), ns);
     let mut out = BTreeMap::new();
     for j in api.list(&Default::default()).await?.items {
         let c = jobs::finished(&j).cloned().unwrap_or_default();
         let (a, r, t, s, f) = jobs::counts(&j);
         out.insert(
             j.metadata.name.clone().unwrap_or_default(),
-            format!("{}/{} active={a} ready={r} terminating={t} succeeded={s} failed={f}", c.type_, c.reason.unwrap_or_default()),
+            format!(
+                "{}/{} active={a} ready={r} terminating={t} succeeded={s} failed={f}",
+                c.type_,
+                c.reason.unwrap_or_default()
+            ),
         );
     }
     Ok(out)
@@ -311,10 +415,15 @@ async fn digest(client: &Client, ns: &str) -> Result<BTreeMap<String, String>> {
 
 /// Requests by verb from `user` received since `since` (each request once: its completion, or a
 /// watch's start).
-fn requests_by_verb(log: &Path, user: &str, since: k8s_openapi::jiff::Timestamp) -> Result<BTreeMap<String, u64>> {
+fn requests_by_verb(
+    log: &Path,
+    user: &str,
+    since: k8s_openapi::jiff::Timestamp,
+) -> Result<BTreeMap<String, u64>> {
     let mut out = BTreeMap::new();
     for e in audit::read(log)? {
-        let counted = (e.stage == "ResponseComplete" && e.verb != "watch") || (e.stage == "ResponseStarted" && e.verb == "watch");
+        let counted = (e.stage == "ResponseComplete" && e.verb != "watch")
+            || (e.stage == "ResponseStarted" && e.verb == "watch");
         if counted && e.user.username == user && e.received().is_some_and(|t| t >= since) {
             *out.entry(e.verb.clone()).or_default() += 1;
         }
@@ -332,13 +441,29 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs `pairs` pairs (A B, B A, …) and returns every run, in order.
-pub async fn run_pairs(w: &Workload, p: Profile, pairs: usize, log: &mut dyn FnMut(String)) -> Result<Vec<(Side, RunResult)>> {
+pub async fn run_pairs(
+    w: &Workload,
+    p: Profile,
+    pairs: usize,
+    log: &mut dyn FnMut(String),
+) -> Result<Vec<(Side, RunResult)>> {
     let mut runs = Vec::new();
     for i in 0..pairs {
-        let order = if i % 2 == 0 { [Side::Upstream, Side::Pilothouse] } else { [Side::Pilothouse, Side::Upstream] };
+        let order = if i % 2 == 0 {
+            [Side::Upstream, Side::Pilothouse]
+        } else {
+            [Side::Pilothouse, Side::Upstream]
+        };
         for side in order {
-            log(format!("{} pair {}/{pairs}: {}", w.name, i + 1, side.name()));
-            let r = run_once(w, side, p, log).await.with_context(|| format!("{} {}", w.name, side.name()))?;
+            log(format!(
+                "{} pair {}/{pairs}: {}",
+                w.name,
+                i + 1,
+                side.name()
+            ));
+            let r = run_once(w, side, p, log)
+                .await
+                .with_context(|| format!("{} {}", w.name, side.name()))?;
             log(format!(
                 "  converged in {:.1}s, {} requests ({} writes), {:.2} CPU-s, peak RSS {:.1} MiB",
                 r.converge_seconds,
@@ -361,7 +486,11 @@ pub async fn run_pairs(w: &Workload, p: Profile, pairs: usize, log: &mut dyn FnM
                     .map(|(k, v)| format!("{k}: {v} vs {:?}", first.state.get(k)))
                     .take(5)
                     .collect();
-                bail!("{}: the {} run ended in another state: {diff:?}", w.name, side.name());
+                bail!(
+                    "{}: the {} run ended in another state: {diff:?}",
+                    w.name,
+                    side.name()
+                );
             }
         }
     }
@@ -371,7 +500,8 @@ pub async fn run_pairs(w: &Workload, p: Profile, pairs: usize, log: &mut dyn FnM
 /// The Markdown table: medians per side and the median of per-pair ratios.
 pub fn table(w: &Workload, p: Profile, runs: &[(Side, RunResult)]) -> String {
     let of = |s: Side| runs.iter().filter(move |(x, _)| *x == s).map(|(_, r)| r);
-    let pairs: Vec<(&RunResult, &RunResult)> = of(Side::Upstream).zip(of(Side::Pilothouse)).collect();
+    let pairs: Vec<(&RunResult, &RunResult)> =
+        of(Side::Upstream).zip(of(Side::Pilothouse)).collect();
     let mut out = format!(
         "### {} (scale {}, qps {}/burst {}, {} pair(s), order alternating)\n\n| metric | upstream | Pilothouse | ratio (Pilothouse / upstream, median of pairs) |\n|---|---|---|---|\n",
         w.name,
@@ -380,7 +510,8 @@ pub fn table(w: &Workload, p: Profile, runs: &[(Side, RunResult)]) -> String {
         p.burst,
         pairs.len()
     );
-    let metrics: [(&str, fn(&RunResult) -> f64); 5] = [
+    type Metric = (&'static str, fn(&RunResult) -> f64);
+    let metrics: [Metric; 5] = [
         ("time to converge (s)", |r| r.converge_seconds),
         ("API requests", |r| r.total_requests() as f64),
         ("API writes", |r| r.writes() as f64),
@@ -393,11 +524,27 @@ pub fn table(w: &Workload, p: Profile, runs: &[(Side, RunResult)]) -> String {
         let ratio = median(pairs.iter().map(|(u, o)| f(o) / f(u)).collect());
         out.push_str(&format!("| {name} | {up:.2} | {ph:.2} | {ratio:.2} |\n"));
     }
-    let verbs: std::collections::BTreeSet<&String> = runs.iter().flat_map(|(_, r)| r.requests.keys()).collect();
+    let verbs: std::collections::BTreeSet<&String> =
+        runs.iter().flat_map(|(_, r)| r.requests.keys()).collect();
     for v in verbs {
-        let up = median(of(Side::Upstream).map(|r| *r.requests.get(v).unwrap_or(&0) as f64).collect());
-        let ph = median(of(Side::Pilothouse).map(|r| *r.requests.get(v).unwrap_or(&0) as f64).collect());
-        out.push_str(&format!("| requests: {v} | {up:.0} | {ph:.0} | {} |\n", if up > 0.0 { format!("{:.2}", ph / up) } else { "-".into() }));
+        let up = median(
+            of(Side::Upstream)
+                .map(|r| *r.requests.get(v).unwrap_or(&0) as f64)
+                .collect(),
+        );
+        let ph = median(
+            of(Side::Pilothouse)
+                .map(|r| *r.requests.get(v).unwrap_or(&0) as f64)
+                .collect(),
+        );
+        out.push_str(&format!(
+            "| requests: {v} | {up:.0} | {ph:.0} | {} |\n",
+            if up > 0.0 {
+                format!("{:.2}", ph / up)
+            } else {
+                "-".into()
+            }
+        ));
     }
     out
 }
@@ -405,17 +552,32 @@ pub fn table(w: &Workload, p: Profile, runs: &[(Side, RunResult)]) -> String {
 /// An SVG plot of objects converged over time, one line per run.
 pub fn plot(path: &Path, w: &Workload, runs: &[(Side, RunResult)]) -> Result<()> {
     use plotters::prelude::*;
-    let max_t = runs.iter().map(|(_, r)| r.converge_seconds).fold(1.0, f64::max);
-    let max_n = runs.iter().map(|(_, r)| r.series.last().map_or(0, |s| s.1)).max().unwrap_or(1).max(1);
+    let max_t = runs
+        .iter()
+        .map(|(_, r)| r.converge_seconds)
+        .fold(1.0, f64::max);
+    let max_n = runs
+        .iter()
+        .map(|(_, r)| r.series.last().map_or(0, |s| s.1))
+        .max()
+        .unwrap_or(1)
+        .max(1);
     let root = SVGBackend::new(path, (800, 450)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(format!("{}: objects converged over time", w.name), ("sans-serif", 20))
+        .caption(
+            format!("{}: objects converged over time", w.name),
+            ("sans-serif", 20),
+        )
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(50)
         .build_cartesian_2d(0f64..max_t * 1.05, 0usize..max_n + max_n / 20 + 1)?;
-    chart.configure_mesh().x_desc("seconds since the first create").y_desc("objects in their final state").draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the first create")
+        .y_desc("objects in their final state")
+        .draw()?;
     for (i, (side, r)) in runs.iter().enumerate() {
         let color = match side {
             Side::Upstream => RED,
@@ -432,7 +594,11 @@ pub fn plot(path: &Path, w: &Workload, runs: &[(Side, RunResult)]) -> Result<()>
             .label(format!("{} (run {})", side.name(), i + 1))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }

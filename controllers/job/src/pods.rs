@@ -472,7 +472,7 @@ mod tests {
         let pending = pod("pending").node("n").build();
         let running = pod("running").running().build();
         let ready = pod("ready").running().ready().build();
-        let mut v = vec![&ready, &running, &pending, &unassigned];
+        let mut v = [&ready, &running, &pending, &unassigned];
         v.sort_by(|a, b| deletion_order(a, b));
         let names: Vec<&str> = v.iter().map(|p| name(p)).collect();
         assert_eq!(names, vec!["unassigned", "pending", "running", "ready"]);
