@@ -465,22 +465,7 @@ async fn j5a_fail_job() -> Result<()> {
         {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}});
     j.create(&jobs::job("pfp", spec, template(None, ""))?)
         .await?;
-    wait::until(
-        "3 running pods",
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async {
-            Ok((j
-                .pods_of("pfp")
-                .await?
-                .iter()
-                .filter(|p| jobs::phase(p) == "Running")
-                .count()
-                == 3)
-                .then_some(()))
-        },
-    )
-    .await?;
+    j.wait_running("pfp", 3).await?;
     let victim = j.pods_of("pfp").await?.remove(0);
     let vname = victim.metadata.name.clone().unwrap_or_default();
     exit_pod(&j, &vname, 42, "0s").await?;
@@ -1153,22 +1138,7 @@ async fn j12_orphans() -> Result<()> {
         template(None, ""),
     )?)
     .await?;
-    wait::until(
-        "2 running",
-        Duration::from_secs(30),
-        Duration::from_millis(200),
-        || async {
-            Ok((j
-                .pods_of("orph")
-                .await?
-                .iter()
-                .filter(|p| jobs::phase(p) == "Running")
-                .count()
-                == 2)
-                .then_some(()))
-        },
-    )
-    .await?;
+    j.wait_running("orph", 2).await?;
     j.jobs
         .delete(
             "orph",

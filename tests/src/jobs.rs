@@ -122,6 +122,25 @@ impl Jobs {
         .await
     }
 
+    /// Waits (30 s at most) until `n` of the Job's pods are Running.
+    pub async fn wait_running(&self, name: &str, n: usize) -> Result<()> {
+        wait::until(
+            &format!("{n} running pods of {}/{name}", self.ns),
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async {
+                let running = self
+                    .pods_of(name)
+                    .await?
+                    .iter()
+                    .filter(|p| phase(p) == "Running")
+                    .count();
+                Ok((running == n).then_some(()))
+            },
+        )
+        .await
+    }
+
     /// Waits until no pod of the Job carries the tracking finalizer.
     pub async fn wait_no_finalizers(&self, name: &str, timeout: Duration) -> Result<()> {
         wait::until(
