@@ -31,7 +31,7 @@ use shared::events::EventRecorder;
 use shared::expectations::Expectations;
 use shared::informers::{
     Change, INDEX_CONTROLLER_UID, INDEX_NAMESPACE, Informer, by_controller_uid, by_namespace,
-    object_key, split_key,
+    object_key,
 };
 use shared::queue::{Next, Queue, run_workers};
 use shared::ratelimit::BackoffConfig;
@@ -1196,9 +1196,4 @@ fn clone_error(e: &kube::Error) -> kube::Error {
         kube::Error::Api(s) => kube::Error::Api(s.clone()),
         other => kube::Error::Service(other.to_string().into()),
     }
-}
-
-/// For callers that only have a cache key.
-pub fn key_parts(key: &str) -> (&str, &str) {
-    split_key(key)
 }
