@@ -105,6 +105,17 @@ async fn metric_sum(name: &str) -> Result<f64> {
         .sum())
 }
 
+async fn set_suspend(j: &Jobs, name: &str, suspend: bool) -> Result<()> {
+    j.jobs
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": suspend}})),
+        )
+        .await?;
+    Ok(())
+}
+
 /// No status write was refused locally (B-2) and none rejected by the API server.
 async fn no_invalid_writes() -> Result<()> {
     ensure!(
@@ -708,13 +719,7 @@ async fn j7_suspend() -> Result<()> {
         !j.events("sus", "Suspended").await?.is_empty(),
         "no Suspended event"
     );
-    j.jobs
-        .patch(
-            "sus",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"suspend": false}})),
-        )
-        .await?;
+    set_suspend(&j, "sus", false).await?;
     let job = wait::until(
         "resumed",
         Duration::from_secs(20),
@@ -764,13 +769,7 @@ async fn j7_suspend() -> Result<()> {
     )
     .await?;
     let start1 = j.get("run").await?.status.and_then(|s| s.start_time);
-    j.jobs
-        .patch(
-            "run",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"suspend": true}})),
-        )
-        .await?;
+    set_suspend(&j, "run", true).await?;
     let job = j
         .wait_condition("run", "Suspended", Duration::from_secs(20))
         .await?;
@@ -799,13 +798,7 @@ async fn j7_suspend() -> Result<()> {
         counts(&job).4 == 0,
         "suspension deletes counted as failures"
     );
-    j.jobs
-        .patch(
-            "run",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"suspend": false}})),
-        )
-        .await?;
+    set_suspend(&j, "run", false).await?;
     let job = wait::until(
         "resumed with pods",
         Duration::from_secs(20),

@@ -171,30 +171,17 @@ pub async fn remove_tracking_finalizer(client: &Client, pod: &Pod) -> Result<(),
     if !pods::has_tracking_finalizer(pod) {
         return Ok(());
     }
-    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
     let patch = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [TRACKING_FINALIZER]}});
-    match api
-        .patch(
-            pods::name(pod),
-            &PatchParams::default(),
-            &Patch::Strategic(patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if is_not_found(&e) => Ok(()),
-        Err(e) => Err(e),
-    }
+    ignore_not_found(patch_pod(client, pod, patch).await)
 }
 
-/// JR-63: adopt an orphan (controller reference and finalizer in one patch, pod UID checked).
-pub async fn adopt_pod(client: &Client, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
+/// A strategic-merge patch of `pod`.
+async fn patch_pod(
+    client: &Client,
+    pod: &Pod,
+    patch: serde_json::Value,
+) -> Result<(), kube::Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-    let patch = json!({"metadata": {
-        "ownerReferences": [controller_ref(job)],
-        "uid": pods::uid(pod),
-        "finalizers": [TRACKING_FINALIZER],
-    }});
     api.patch(
         pods::name(pod),
         &PatchParams::default(),
@@ -204,26 +191,32 @@ pub async fn adopt_pod(client: &Client, job: &Job, pod: &Pod) -> Result<(), kube
     .map(|_| ())
 }
 
+/// NotFound counts as done: the pod is gone, so is what we wanted removed.
+fn ignore_not_found(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Err(e) if is_not_found(&e) => Ok(()),
+        r => r,
+    }
+}
+
+/// JR-63: adopt an orphan (controller reference and finalizer in one patch, pod UID checked).
+pub async fn adopt_pod(client: &Client, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
+    let patch = json!({"metadata": {
+        "ownerReferences": [controller_ref(job)],
+        "uid": pods::uid(pod),
+        "finalizers": [TRACKING_FINALIZER],
+    }});
+    patch_pod(client, pod, patch).await
+}
+
 /// JR-63: release a pod that no longer matches (owner reference and finalizer in one patch).
 pub async fn release_pod(client: &Client, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
     let patch = json!({"metadata": {
         "ownerReferences": [{"$patch": "delete", "uid": job.metadata.uid.clone().unwrap_or_default()}],
         "$deleteFromPrimitiveList/finalizers": [TRACKING_FINALIZER],
         "uid": pods::uid(pod),
     }});
-    match api
-        .patch(
-            pods::name(pod),
-            &PatchParams::default(),
-            &Patch::Strategic(patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if is_not_found(&e) => Ok(()),
-        Err(e) => Err(e),
-    }
+    ignore_not_found(patch_pod(client, pod, patch).await)
 }
 
 /// A live read of the Job (adoption re-checks that it still exists and is not being deleted).

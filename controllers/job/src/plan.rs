@@ -114,6 +114,18 @@ pub fn new_condition(
     }
 }
 
+/// The terminal condition (`Failed`, `Complete`) that follows an interim one, with its reason
+/// and message.
+fn successor(c: &JobCondition, type_: &str, now: Timestamp) -> JobCondition {
+    new_condition(
+        type_,
+        "True",
+        c.reason.as_deref().unwrap_or_default(),
+        c.message.as_deref().unwrap_or_default(),
+        now,
+    )
+}
+
 /// Upstream `ensureJobConditionStatus` (JR-50): rewrite an existing condition only when status,
 /// reason or message change; never add a new False condition. Returns whether it changed.
 pub fn ensure_condition(
@@ -317,13 +329,7 @@ pub fn evaluate(obs: &Observed<'_>) -> Evaluation {
             .iter()
             .find(|c| c.type_ == FAILURE_TARGET && c.status == "True")
         {
-            finished = Some(new_condition(
-                FAILED,
-                "True",
-                ft.reason.as_deref().unwrap_or_default(),
-                ft.message.as_deref().unwrap_or_default(),
-                now,
-            ));
+            finished = Some(successor(ft, FAILED, now));
         } else if let Some(msg) = obs
             .pods
             .iter()
@@ -914,13 +920,7 @@ pub fn track(obs: &Observed<'_>, eval: &Evaluation, needs_update: bool) -> Track
                 .get_or_insert_with(Vec::new)
                 .push(c.clone());
             needs_flush = true;
-            final_condition = Some(new_condition(
-                FAILED,
-                "True",
-                c.reason.as_deref().unwrap_or_default(),
-                c.message.as_deref().unwrap_or_default(),
-                obs.now,
-            ));
+            final_condition = Some(successor(c, FAILED, obs.now));
         } else if c.type_ == SUCCESS_CRITERIA_MET {
             if !condition_true(
                 status.conditions.as_deref().unwrap_or_default(),
@@ -932,13 +932,7 @@ pub fn track(obs: &Observed<'_>, eval: &Evaluation, needs_update: bool) -> Track
                     .push(c.clone());
                 needs_flush = true;
             }
-            final_condition = Some(new_condition(
-                COMPLETE,
-                "True",
-                c.reason.as_deref().unwrap_or_default(),
-                c.message.as_deref().unwrap_or_default(),
-                obs.now,
-            ));
+            final_condition = Some(successor(c, COMPLETE, obs.now));
         } else {
             // A `Failed` derived from an existing FailureTarget.
             final_condition = Some(c.clone());
