@@ -1,6 +1,7 @@
 //! The runtime every Pilothouse controller uses: flags, clients, shared caches, work queues,
 //! expectations, leader election, events, metrics and health.
 
+pub mod apierr;
 pub mod client;
 pub mod controller;
 pub mod election;

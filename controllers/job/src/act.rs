@@ -18,31 +18,8 @@ use serde_json::json;
 /// The API server's `MaxGeneratedNameLength` (63 − 5 random characters).
 const MAX_GENERATED_NAME_LENGTH: usize = 58;
 
-pub fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-pub fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
-}
-
-fn is_already_exists(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists")
-}
-
-/// The namespace is being deleted: creating more pods is pointless and not an error.
-pub fn is_namespace_terminating(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 403 && s.message.contains("because it is being terminated"))
-}
-
-/// A short label for metrics: the HTTP code, or the kind of client-side failure.
-pub fn error_reason(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => s.code.to_string(),
-        kube::Error::Service(_) | kube::Error::HyperError(_) => "transport".into(),
-        _ => "client".into(),
-    }
-}
+pub use shared::apierr::{error_reason, is_conflict, is_namespace_terminating, is_not_found};
+use shared::apierr::is_already_exists;
 
 pub fn controller_ref(job: &Job) -> OwnerReference {
     OwnerReference {
