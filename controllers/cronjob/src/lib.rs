@@ -112,7 +112,11 @@ pub fn format_schedule(cj: &CronJob, zones: &Zones) -> (String, bool) {
 
 /// What `pilothouse schedule` and the controller both run: parse as the controller would for a
 /// CronJob with this schedule and `spec.timeZone`.
-pub fn parse_for(schedule: &str, time_zone: Option<&str>, zones: &Zones) -> Result<Schedule, String> {
+pub fn parse_for(
+    schedule: &str,
+    time_zone: Option<&str>,
+    zones: &Zones,
+) -> Result<Schedule, String> {
     let cj = CronJob {
         spec: k8s_openapi::api::batch::v1::CronJobSpec {
             schedule: schedule.to_string(),
@@ -146,17 +150,18 @@ struct Inner {
     metrics: metrics::Metrics,
     /// B-11: CronJob UID → the slot a MissSchedule was last reported for.
     warned: Mutex<HashMap<String, Timestamp>>,
+    /// Our last status write per key: (the resourceVersion it replaced, the object it returned).
+    /// While the cache still holds the replaced version, the next sync starts from the returned
+    /// one instead of sending a write bound to conflict.
+    written: Mutex<HashMap<String, (String, Arc<CronJob>)>>,
     active: AtomicBool,
 }
 
 /// Wires the controller to the shared caches.
-pub fn init(
-    opts: CronJobOptions,
-) -> impl FnOnce(Setup) -> Result<Box<dyn Controller>, InitError> {
+pub fn init(opts: CronJobOptions) -> impl FnOnce(Setup) -> Result<Box<dyn Controller>, InitError> {
     move |setup: Setup| {
-        let zones = Zones::from_flag(&opts.cronjob_default_time_zone).map_err(|e| {
-            InitError::Invalid(format!("--cronjob-default-time-zone: {e}"))
-        })?;
+        let zones = Zones::from_flag(&opts.cronjob_default_time_zone)
+            .map_err(|e| InitError::Invalid(format!("--cronjob-default-time-zone: {e}")))?;
         let cronjobs = setup.informers.get::<CronJob>();
         let jobs = setup.informers.get::<Job>();
         jobs.add_index(INDEX_CONTROLLER_UID, by_controller_uid);
@@ -174,6 +179,7 @@ pub fn init(
             zones,
             metrics: metrics::Metrics::register(&setup.metrics),
             warned: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
             active: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&inner);
@@ -206,10 +212,14 @@ impl Controller for CronJobController {
                 queue.shut_down();
             });
             let a = Arc::clone(&inner);
-            run_workers(Arc::clone(&inner.queue), inner.workers, move |key: String| {
-                let inner = Arc::clone(&a);
-                async move { inner.sync(&key).await }
-            })
+            run_workers(
+                Arc::clone(&inner.queue),
+                inner.workers,
+                move |key: String| {
+                    let inner = Arc::clone(&a);
+                    async move { inner.sync(&key).await }
+                },
+            )
             .await;
         }
         .boxed()
@@ -298,6 +308,10 @@ impl Inner {
         let Change::Updated { old, new } = change else {
             if let Change::Deleted(cj) = change {
                 self.warned.lock().unwrap().remove(&uid(&cj.metadata));
+                self.written
+                    .lock()
+                    .unwrap()
+                    .remove(&object_key(cj.as_ref()));
             }
             self.queue.add(object_key(change.object().as_ref()));
             return;
@@ -312,12 +326,10 @@ impl Inner {
         // CR-3: a new schedule is waited for from its own next time.
         let (text, _) = format_schedule(new, &self.zones);
         match schedule::parse(&text, &self.zones) {
-            Ok(sched) => {
-                match plan::requeue_after(new, Timestamp::now(), &sched, self.policy) {
-                    Some(d) => self.queue.add_after(key, d),
-                    None => self.queue.add(key),
-                }
-            }
+            Ok(sched) => match plan::requeue_after(new, Timestamp::now(), &sched, self.policy) {
+                Some(d) => self.queue.add_after(key, d),
+                None => self.queue.add(key),
+            },
             Err(_) => self.events.warning(
                 &cronjob_ref(new),
                 "UnParseableCronJobSchedule",
@@ -340,6 +352,7 @@ impl Inner {
         let Some(cached) = self.cronjobs.get(key) else {
             return Ok(Next::Done);
         };
+        let cached = self.freshest(key, cached);
         let cj_uid = uid(&cached.metadata);
         let (ns, _) = split_key(key);
         // B-7: only Jobs whose controller reference is this CronJob (kind, group, UID).
@@ -369,11 +382,14 @@ impl Inner {
 
         // CR-29: an unfinished Job missing from `active` may be one a write we have not yet
         // observed listed; a live read decides.
-        let unlisted = jobs.iter().any(|j| {
-            plan::finished_condition(j).is_none() && !listed(status, &uid(&j.metadata))
-        });
+        let unlisted = jobs
+            .iter()
+            .any(|j| plan::finished_condition(j).is_none() && !listed(status, &uid(&j.metadata)));
         if unlisted {
-            let live = self.api_cronjobs(ns).get(cached.metadata.name.as_deref().unwrap_or_default()).await
+            let live = self
+                .api_cronjobs(ns)
+                .get(cached.metadata.name.as_deref().unwrap_or_default())
+                .await
                 .map_err(api(format!("reading cronjob {key}")))?;
             let live_status = live.status.clone().unwrap_or_default();
             if jobs.iter().any(|j| {
@@ -388,7 +404,10 @@ impl Inner {
                 }
             }
         }
-        let up = plan::upkeep(cj.status.as_ref().unwrap_or(&CronJobStatus::default()), &jobs);
+        let up = plan::upkeep(
+            cj.status.as_ref().unwrap_or(&CronJobStatus::default()),
+            &jobs,
+        );
         for e in &up.events {
             self.emit(&cj, e);
         }
@@ -423,7 +442,10 @@ impl Inner {
         for r in unseen {
             let ns = r.namespace.as_deref().unwrap_or_default();
             let name = r.name.as_deref().unwrap_or_default();
-            match Api::<Job>::namespaced(self.client.clone(), ns).get(name).await {
+            match Api::<Job>::namespaced(self.client.clone(), ns)
+                .get(name)
+                .await
+            {
                 Ok(_) => {}
                 Err(e) if is_not_found(&e) => {
                     self.emit(
@@ -525,7 +547,10 @@ impl Inner {
                     cj,
                     &Event::normal(
                         "SuccessfulCreate",
-                        format!("Created job {}", created.metadata.name.as_deref().unwrap_or_default()),
+                        format!(
+                            "Created job {}",
+                            created.metadata.name.as_deref().unwrap_or_default()
+                        ),
                     ),
                 );
                 created
@@ -544,7 +569,10 @@ impl Inner {
                 if !plan::controlled_by(&existing, cj_uid) {
                     return Ok(Next::Done);
                 }
-                if listed(cj.status.as_ref().unwrap_or(&Default::default()), &uid(&existing.metadata)) {
+                if listed(
+                    cj.status.as_ref().unwrap_or(&Default::default()),
+                    &uid(&existing.metadata),
+                ) {
                     return Ok(Next::Done);
                 }
                 tracing::info!(job = %name, "job already exists; taking it back into active");
@@ -553,7 +581,10 @@ impl Inner {
             Err(e) => {
                 self.emit(
                     cj,
-                    &Event::warning("FailedCreate", format!("Error creating job: {}", message(&e))),
+                    &Event::warning(
+                        "FailedCreate",
+                        format!("Error creating job: {}", message(&e)),
+                    ),
                 );
                 return Err(api(format!("creating job in {ns}"))(e));
             }
@@ -563,7 +594,9 @@ impl Inner {
             .active
             .get_or_insert_with(Vec::new)
             .push(plan::job_reference(&job));
-        status.last_schedule_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(scheduled));
+        status.last_schedule_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            scheduled,
+        ));
         *changed = true;
         Ok(match plan::requeue_after(cj, now, &sched, self.policy) {
             Some(d) => Next::After(d),
@@ -581,10 +614,16 @@ impl Inner {
         for r in active {
             let ns = r.namespace.as_deref().unwrap_or_default();
             let name = r.name.as_deref().unwrap_or_default();
-            let job = match Api::<Job>::namespaced(self.client.clone(), ns).get(name).await {
+            let job = match Api::<Job>::namespaced(self.client.clone(), ns)
+                .get(name)
+                .await
+            {
                 Ok(j) => j,
                 Err(e) => {
-                    self.emit(cj, &Event::warning("FailedGet", format!("Get job: {}", message(&e))));
+                    self.emit(
+                        cj,
+                        &Event::warning("FailedGet", format!("Get job: {}", message(&e))),
+                    );
                     return Err(api(format!("reading job {ns}/{name}"))(e));
                 }
             };
@@ -606,14 +645,23 @@ impl Inner {
             propagation_policy: Some(PropagationPolicy::Background),
             ..Default::default()
         };
-        match Api::<Job>::namespaced(self.client.clone(), ns).delete(name, &dp).await {
+        match Api::<Job>::namespaced(self.client.clone(), ns)
+            .delete(name, &dp)
+            .await
+        {
             Ok(_) => {
-                self.emit(cj, &Event::normal("SuccessfulDelete", format!("Deleted job {name}")));
+                self.emit(
+                    cj,
+                    &Event::normal("SuccessfulDelete", format!("Deleted job {name}")),
+                );
                 Ok(())
             }
             Err(e) => {
                 tracing::warn!(job = %name, error = %e, "deleting job");
-                self.emit(cj, &Event::warning("FailedDelete", format!("Deleted job: {}", message(&e))));
+                self.emit(
+                    cj,
+                    &Event::warning("FailedDelete", format!("Deleted job: {}", message(&e))),
+                );
                 Err(())
             }
         }
@@ -628,10 +676,35 @@ impl Inner {
     async fn write_status(&self, cj: &CronJob) -> Result<(), Error> {
         let ns = cj.metadata.namespace.as_deref().unwrap_or_default();
         let name = cj.metadata.name.as_deref().unwrap_or_default();
-        self.api_cronjobs(ns)
+        let written = self
+            .api_cronjobs(ns)
             .replace_status(name, &PostParams::default(), cj)
             .await
             .map_err(api(format!("updating status of cronjob {ns}/{name}")))?;
+        if let Some(rv) = cj.metadata.resource_version.clone() {
+            self.written
+                .lock()
+                .unwrap()
+                .insert(format!("{ns}/{name}"), (rv, Arc::new(written)));
+        }
         Ok(())
+    }
+
+    /// The cached CronJob, or the one our last status write returned while the cache still
+    /// holds the version that write replaced.
+    fn freshest(&self, key: &str, cached: Arc<CronJob>) -> Arc<CronJob> {
+        let mut written = self.written.lock().unwrap();
+        match written.get(key) {
+            Some((replaced, ours))
+                if cached.metadata.resource_version.as_ref() == Some(replaced) =>
+            {
+                ours.clone()
+            }
+            Some(_) => {
+                written.remove(key);
+                cached
+            }
+            None => cached,
+        }
     }
 }
