@@ -43,7 +43,15 @@ pub struct Workload {
     pub scale: f64,
 }
 
-pub const WORKLOADS: &[&str] = &["job-burst", "job-failures"];
+pub const WORKLOADS: &[&str] = &["job-burst", "job-failures", "cronjob-minutely"];
+
+/// The kube-controller-manager controllers a workload exercises: both sides run exactly these.
+fn controllers_of(workload: &str) -> Vec<&'static str> {
+    match workload {
+        "cronjob-minutely" => vec!["cronjob-controller", "job-controller"],
+        _ => vec!["job-controller"],
+    }
+}
 
 /// Client rate limits given to both sides alike.
 #[derive(Clone, Copy, Debug)]
@@ -62,6 +70,18 @@ pub struct RunResult {
     pub series: Vec<(f64, usize)>,
     /// Final state: per object, a digest line.
     pub state: BTreeMap<String, String>,
+    /// Workload-specific measurements (name → value), reported as extra table rows.
+    pub extra: BTreeMap<String, f64>,
+}
+
+/// What the workload body measured.
+struct Outcome {
+    converge_seconds: f64,
+    series: Vec<(f64, usize)>,
+    state: BTreeMap<String, String>,
+    extra: BTreeMap<String, f64>,
+    /// When the first object was created (requests are counted from here).
+    since: k8s_openapi::jiff::Timestamp,
 }
 
 impl RunResult {
@@ -302,15 +322,16 @@ pub async fn run_once(
     p: Profile,
     log: &mut dyn FnMut(String),
 ) -> Result<RunResult> {
+    let controllers = controllers_of(w.name);
     let cluster = Cluster::up(
         &unique(&format!("bench-{}-{}", w.name, side.name())),
         ClusterOptions {
-            replace: Some(vec!["job-controller"]),
+            replace: Some(controllers.clone()),
             nodes: 3,
             ..Default::default()
         },
     )?;
-    let under = start_under_test(side, &cluster, &["job-controller"], p)?;
+    let under = start_under_test(side, &cluster, &controllers, p)?;
     log(format!("  {} ran: {}", side.name(), under.command));
     let pid = under.child.id();
     let client = cluster.client().await?;
@@ -324,9 +345,33 @@ pub async fn run_once(
     k8s::wait_service_account(&client, ns).await?;
     // Let the process under test list and settle before the clock starts.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let cpu0 = cpu_seconds(pid)?;
+    let o = match w.name {
+        "cronjob-minutely" => cronjob_minutely(&client, ns, w).await?,
+        _ => job_workload(&client, ns, w).await?,
+    };
+    let cpu_seconds = cpu_seconds(pid)? - cpu0;
+    let peak_rss_mib = peak_rss_mib(pid)?;
+    // The audit log is written in batches: give it a moment.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let requests = requests_by_verb(&cluster.audit_log(), under.user, o.since)?;
+    drop(under);
+    drop(cluster);
+    Ok(RunResult {
+        converge_seconds: o.converge_seconds,
+        requests,
+        cpu_seconds,
+        peak_rss_mib,
+        series: o.series,
+        state: o.state,
+        extra: o.extra,
+    })
+}
+
+/// `job-burst` and `job-failures`: create every Job at once, wait for all to finish.
+async fn job_workload(client: &Client, ns: &str, w: &Workload) -> Result<Outcome> {
     let j = Jobs::new(client.clone(), ns);
     let objects = jobs_of(w)?;
-    let cpu0 = cpu_seconds(pid)?;
     let start = Instant::now();
     let since = k8s_openapi::jiff::Timestamp::now();
     for job in &objects {
@@ -337,7 +382,7 @@ pub async fn run_once(
     let mut last = 0;
     let timeout = Duration::from_secs(1800);
     loop {
-        let done = finished_count(&client, ns).await?;
+        let done = finished_count(client, ns).await?;
         if done != last {
             series.push((start.elapsed().as_secs_f64(), done));
             last = done;
@@ -347,14 +392,11 @@ pub async fn run_once(
         }
         ensure!(
             start.elapsed() < timeout,
-            "{}: {done}/{total} converged after {timeout:?}",
-            side.name()
+            "{done}/{total} converged after {timeout:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let converge_seconds = start.elapsed().as_secs_f64();
-    let cpu_seconds = cpu_seconds(pid)? - cpu0;
-    let peak_rss_mib = peak_rss_mib(pid)?;
     // The final state, once no tracking finalizer is left.
     wait::until(
         "no tracking finalizers left",
@@ -366,19 +408,231 @@ pub async fn run_once(
         },
     )
     .await?;
-    let state = digest(&client, ns).await?;
-    // The audit log is written in batches: give it a moment.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let requests = requests_by_verb(&cluster.audit_log(), under.user, since)?;
-    drop(under);
-    drop(cluster);
-    Ok(RunResult {
+    Ok(Outcome {
         converge_seconds,
-        requests,
-        cpu_seconds,
-        peak_rss_mib,
+        series,
+        state: digest(client, ns).await?,
+        extra: BTreeMap::new(),
+        since,
+    })
+}
+
+/// The `p`-quantile (0..=1) of `v`, nearest rank.
+fn quantile(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// A Job as the benchmark's own watch saw it.
+#[derive(Clone, Debug)]
+struct SeenJob {
+    /// The scheduled time (annotation), in Unix seconds.
+    scheduled: i64,
+    /// When the watch first delivered the Job.
+    seen: k8s_openapi::jiff::Timestamp,
+    finished: bool,
+}
+
+/// `cronjob-minutely`: 200 CronJobs (× scale), each firing every minute for five minutes, with
+/// short successful Jobs and the default history limits. The schedule names those five minutes
+/// (`M1,..,M5 H.. D.. * *` in UTC) so every run stops after them without racing a suspend.
+/// Converged: every Job of the five slots seen finished by a watch. Also measured: creation skew
+/// (the watch's first sight of a Job minus its scheduled time).
+async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Outcome> {
+    use k8s_openapi::api::batch::v1::{CronJob, Job};
+    use k8s_openapi::jiff::{Timestamp, tz::TimeZone};
+    use kube::runtime::{WatchStreamExt, watcher};
+    use std::sync::{Arc, Mutex};
+    const SLOTS: i64 = 5;
+    let n = scaled(200, w.scale);
+    // Start just after a minute boundary so the creates cannot straddle one.
+    let second = Timestamp::now().as_second().rem_euclid(60);
+    if second > 5 {
+        tokio::time::sleep(Duration::from_secs((62 - second) as u64)).await;
+    }
+    let first = (Timestamp::now().as_second() / 60 + 1) * 60;
+    let slots: Vec<i64> = (0..SLOTS).map(|i| first + 60 * i).collect();
+    let field = |f: fn(&k8s_openapi::jiff::civil::DateTime) -> i8| -> Result<String> {
+        let mut v = Vec::new();
+        for s in &slots {
+            let x = f(&Timestamp::from_second(*s)?
+                .to_zoned(TimeZone::UTC)
+                .datetime());
+            if !v.contains(&x) {
+                v.push(x);
+            }
+        }
+        Ok(v.iter().map(i8::to_string).collect::<Vec<_>>().join(","))
+    };
+    let schedule = format!(
+        "{} {} {} * *",
+        field(|d| d.minute())?,
+        field(|d| d.hour())?,
+        field(|d| d.day())?
+    );
+
+    let seen: Arc<Mutex<BTreeMap<String, SeenJob>>> = Arc::default();
+    let jobs_api: kube::Api<Job> = kube::Api::namespaced(client.clone(), ns);
+    let watch = {
+        let seen = seen.clone();
+        let stream = watcher(jobs_api.clone(), watcher::Config::default()).applied_objects();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(job)) = stream.next().await {
+                let now = Timestamp::now();
+                let Some(scheduled) = job
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("batch.kubernetes.io/cronjob-scheduled-timestamp"))
+                    .and_then(|t| t.parse::<Timestamp>().ok())
+                else {
+                    continue;
+                };
+                let finished = jobs::finished(&job).is_some();
+                let name = job.metadata.name.clone().unwrap_or_default();
+                let mut seen = seen.lock().unwrap();
+                let e = seen.entry(name).or_insert(SeenJob {
+                    scheduled: scheduled.as_second(),
+                    seen: now,
+                    finished,
+                });
+                e.finished |= finished;
+            }
+        })
+    };
+
+    let cronjobs: kube::Api<CronJob> = kube::Api::namespaced(client.clone(), ns);
+    let start = Instant::now();
+    let since = Timestamp::now();
+    for i in 0..n {
+        let cj: CronJob = serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": format!("minutely-{i}")},
+            "spec": {
+                "schedule": schedule, "timeZone": "UTC",
+                "jobTemplate": {"spec": {"backoffLimit": 0, "template": jobs::template(Some(0), "1s")}}
+            }
+        }))?;
+        cronjobs.create(&Default::default(), &cj).await?;
+    }
+    let total = n * SLOTS as usize;
+    let mut series = vec![(0.0, 0)];
+    let mut last = 0;
+    let deadline =
+        Duration::from_secs((first - since.as_second()) as u64 + 60 * SLOTS as u64 + 900);
+    loop {
+        let done = seen
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|j| j.finished && slots.contains(&j.scheduled))
+            .count();
+        if done != last {
+            series.push((start.elapsed().as_secs_f64(), done));
+            last = done;
+        }
+        if done == total {
+            break;
+        }
+        ensure!(
+            start.elapsed() < deadline,
+            "{done}/{total} Jobs finished after {deadline:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let converge_seconds = start.elapsed().as_secs_f64();
+    watch.abort();
+    let skew: Vec<f64> = seen
+        .lock()
+        .unwrap()
+        .values()
+        .map(|j| (j.seen.as_millisecond() - j.scheduled * 1000) as f64 / 1000.0)
+        .collect();
+    // The final state: nothing active, the last slot succeeded, history trimmed to 3.
+    let slot_of = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+        t.map_or("-".to_string(), |t| {
+            format!("slot{}", (t.0.as_second() - first) / 60 + 1)
+        })
+    };
+    let digest_cronjobs = || async {
+        let jobs = jobs_api.list(&Default::default()).await?.items;
+        let mut out = BTreeMap::new();
+        for cj in cronjobs.list(&Default::default()).await?.items {
+            let name = cj.metadata.name.clone().unwrap_or_default();
+            let st = cj.status.unwrap_or_default();
+            let mut kept: Vec<String> = jobs
+                .iter()
+                .filter(|j| {
+                    j.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.name == name && o.kind == "CronJob")
+                })
+                .map(|j| {
+                    let t = j.metadata.annotations.as_ref().and_then(|a| {
+                        a.get("batch.kubernetes.io/cronjob-scheduled-timestamp")
+                            .and_then(|t| t.parse::<Timestamp>().ok())
+                    });
+                    format!(
+                        "{}:{}",
+                        t.map_or(0, |t| (t.as_second() - first) / 60 + 1),
+                        jobs::finished(j).map_or("-".into(), |c| c.type_.clone())
+                    )
+                })
+                .collect();
+            kept.sort();
+            out.insert(
+                name,
+                format!(
+                    "active={} lastSchedule={} lastSuccessful={} jobs={kept:?}",
+                    st.active.map_or(0, |a| a.len()),
+                    slot_of(st.last_schedule_time.as_ref()),
+                    slot_of(st.last_successful_time.as_ref()),
+                ),
+            );
+        }
+        anyhow::Ok(out)
+    };
+    let settled = format!(
+        "active=0 lastSchedule=slot{SLOTS} lastSuccessful=slot{SLOTS} jobs=[\"{}:Complete\", \"{}:Complete\", \"{}:Complete\"]",
+        SLOTS - 2,
+        SLOTS - 1,
+        SLOTS
+    );
+    let settle = wait::until(
+        "CronJobs settled (nothing active, history trimmed)",
+        Duration::from_secs(180),
+        Duration::from_secs(1),
+        || async {
+            let d = digest_cronjobs().await?;
+            Ok(d.values().all(|v| *v == settled).then_some(d))
+        },
+    )
+    .await;
+    // Unsettled is still a state: the comparison between the two sides reports it.
+    let state = match settle {
+        Ok(d) => d,
+        Err(_) => digest_cronjobs().await?,
+    };
+    let extra = BTreeMap::from([
+        ("creation skew p50 (s)".to_string(), quantile(&skew, 0.5)),
+        ("creation skew p99 (s)".to_string(), quantile(&skew, 0.99)),
+        ("creation skew max (s)".to_string(), quantile(&skew, 1.0)),
+    ]);
+    Ok(Outcome {
+        converge_seconds,
         series,
         state,
+        extra,
+        since,
     })
 }
 
@@ -522,6 +776,15 @@ pub fn table(w: &Workload, p: Profile, runs: &[(Side, RunResult)]) -> String {
         let up = median(of(Side::Upstream).map(f).collect());
         let ph = median(of(Side::Pilothouse).map(f).collect());
         let ratio = median(pairs.iter().map(|(u, o)| f(o) / f(u)).collect());
+        out.push_str(&format!("| {name} | {up:.2} | {ph:.2} | {ratio:.2} |\n"));
+    }
+    let extras: std::collections::BTreeSet<&String> =
+        runs.iter().flat_map(|(_, r)| r.extra.keys()).collect();
+    for name in extras {
+        let get = |r: &RunResult| r.extra.get(name).copied().unwrap_or(f64::NAN);
+        let up = median(of(Side::Upstream).map(get).collect());
+        let ph = median(of(Side::Pilothouse).map(get).collect());
+        let ratio = median(pairs.iter().map(|(u, o)| get(o) / get(u)).collect());
         out.push_str(&format!("| {name} | {up:.2} | {ph:.2} | {ratio:.2} |\n"));
     }
     let verbs: std::collections::BTreeSet<&String> =
