@@ -130,10 +130,18 @@ fn schedule_command(cli: &Cli, args: &ScheduleArgs) -> ExitCode {
                 },
             };
             all_valid &= answer.valid;
-            let _ = writeln!(out, "{}", serde_json::to_string(&answer).unwrap_or_default());
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&answer).unwrap_or_default()
+            );
         }
         let _ = out.flush();
-        return if all_valid { ExitCode::SUCCESS } else { ExitCode::from(1) };
+        return if all_valid {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        };
     }
     let Some(schedule) = args.schedule.clone() else {
         eprintln!("pilothouse schedule: give a schedule, or --batch");
@@ -155,7 +163,11 @@ fn schedule_command(cli: &Cli, args: &ScheduleArgs) -> ExitCode {
             println!("  {t}");
         }
     }
-    if answer.valid { ExitCode::SUCCESS } else { ExitCode::from(1) }
+    if answer.valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 fn main() -> ExitCode {

@@ -95,7 +95,9 @@ impl Rng {
     }
 }
 
-const MONTHS: &[&str] = &["jan", "Feb", "MAR", "apr", "May", "jun", "JUL", "aug", "sep", "Oct", "nov", "DEC"];
+const MONTHS: &[&str] = &[
+    "jan", "Feb", "MAR", "apr", "May", "jun", "JUL", "aug", "sep", "Oct", "nov", "DEC",
+];
 const DAYS: &[&str] = &["sun", "Mon", "TUE", "wed", "Thu", "fri", "SAT"];
 
 fn item(rng: &mut Rng, min: i64, max: i64, names: &[&str]) -> String {
@@ -160,15 +162,41 @@ fn schedule(rng: &mut Rng) -> String {
     let body = match rng.below(100) {
         0..=11 => rng
             .pick(&[
-                "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly",
-                "@reboot", "@daily ", "@Daily", "@every", "@every ",
+                "@yearly",
+                "@annually",
+                "@monthly",
+                "@weekly",
+                "@daily",
+                "@midnight",
+                "@hourly",
+                "@reboot",
+                "@daily ",
+                "@Daily",
+                "@every",
+                "@every ",
             ])
             .to_string(),
         12..=17 => format!(
             "@every {}",
             rng.pick(&[
-                "1m", "90s", "1h30m", "1.5h", "500ms", "-1m", "0", "1d", "1", ".5m", "2h45m30.5s",
-                "1µs", "3h", "25h", "1m0.9s", "+2m", "1e3s", "1h1h",
+                "1m",
+                "90s",
+                "1h30m",
+                "1.5h",
+                "500ms",
+                "-1m",
+                "0",
+                "1d",
+                "1",
+                ".5m",
+                "2h45m30.5s",
+                "1µs",
+                "3h",
+                "25h",
+                "1m0.9s",
+                "+2m",
+                "1e3s",
+                "1h1h",
             ])
         ),
         // Fixed-time daily/weekly/monthly schedules, the DST policy's subject.
@@ -178,9 +206,19 @@ fn schedule(rng: &mut Rng) -> String {
             } else {
                 format!("{},{}", rng.range(0, 29), rng.range(30, 59))
             };
-            let hour = rng.pick(&["0", "1", "2", "3", "1,2", "2-3", "23", "0,12", "12"]).to_string();
-            let dom = if rng.chance(80) { "*".to_string() } else { field(rng, 1, 31, &[]) };
-            let dow = if rng.chance(80) { "*".to_string() } else { field(rng, 0, 6, DAYS) };
+            let hour = rng
+                .pick(&["0", "1", "2", "3", "1,2", "2-3", "23", "0,12", "12"])
+                .to_string();
+            let dom = if rng.chance(80) {
+                "*".to_string()
+            } else {
+                field(rng, 1, 31, &[])
+            };
+            let dow = if rng.chance(80) {
+                "*".to_string()
+            } else {
+                field(rng, 0, 6, DAYS)
+            };
             format!("{minute} {hour} {dom} * {dow}")
         }
         _ => {
@@ -215,7 +253,9 @@ fn schedule(rng: &mut Rng) -> String {
 
 /// Transitions of `zone` between 2024 and 2031.
 fn transitions(zone: &str) -> Vec<Timestamp> {
-    let Ok(tz) = bundled(zone) else { return Vec::new() };
+    let Ok(tz) = bundled(zone) else {
+        return Vec::new();
+    };
     let start: Timestamp = "2024-01-01T00:00:00Z".parse().expect("time");
     let end: Timestamp = "2031-01-01T00:00:00Z".parse().expect("time");
     tz.following(start)
@@ -248,8 +288,16 @@ fn corpus() -> Vec<Case> {
             } else {
                 rng.range(1_704_067_200, 1_956_528_000) // 2024 .. 2032
             };
-            let base = if rng.chance(60) { base - base.rem_euclid(60) } else { base };
-            let nanos = if rng.chance(20) { rng.range(1, 999_999_999) } else { 0 };
+            let base = if rng.chance(60) {
+                base - base.rem_euclid(60)
+            } else {
+                base
+            };
+            let nanos = if rng.chance(20) {
+                rng.range(1, 999_999_999)
+            } else {
+                0
+            };
             let from = Timestamp::new(base, nanos as i32).expect("time");
             Case {
                 schedule: schedule(&mut rng),
@@ -284,12 +332,18 @@ fn answer_all(mut cmd: Command, input: &str, n: usize) -> Result<Vec<Answer>> {
     let input = input.to_string();
     let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
     let out = child.wait_with_output()?;
-    writer.join().map_err(|_| anyhow::anyhow!("writer panicked"))??;
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("writer panicked"))??;
     let answers: Vec<Answer> = String::from_utf8(out.stdout)?
         .lines()
         .map(serde_json::from_str)
         .collect::<Result<_, _>>()?;
-    ensure!(answers.len() == n, "{cmd:?} answered {} of {n} lines", answers.len());
+    ensure!(
+        answers.len() == n,
+        "{cmd:?} answered {} of {n} lines",
+        answers.len()
+    );
     Ok(answers)
 }
 
@@ -319,7 +373,10 @@ fn go_binary() -> Result<PathBuf> {
         .env("CGO_ENABLED", "0")
         .status()
         .context("running go build (is Go installed? tests/cluster/build needs it too)")?;
-    ensure!(status.success(), "go build of tests/differential/cron failed");
+    ensure!(
+        status.success(),
+        "go build of tests/differential/cron failed"
+    );
     Ok(out)
 }
 
@@ -406,9 +463,17 @@ fn upstream_mode_equals_robfig() -> Result<()> {
             bad.push(format!("{}\n  go:   {go:?}\n  ours: {ours:?}", describe(c)));
         }
     }
-    println!("upstream mode: {} of {} cases differ from robfig/cron", bad.len(), r.cases.len());
+    println!(
+        "upstream mode: {} of {} cases differ from robfig/cron",
+        bad.len(),
+        r.cases.len()
+    );
     if !bad.is_empty() {
-        bail!("{} cases differ; first ones:\n{}", bad.len(), bad[..bad.len().min(10)].join("\n"));
+        bail!(
+            "{} cases differ; first ones:\n{}",
+            bad.len(),
+            bad[..bad.len().min(10)].join("\n")
+        );
     }
     Ok(())
 }
@@ -422,7 +487,11 @@ struct Walker<'a> {
 
 impl Walker<'_> {
     fn offset(&self, u: i64) -> i64 {
-        i64::from(self.tz.to_offset(Timestamp::from_second(u).expect("time")).seconds())
+        i64::from(
+            self.tz
+                .to_offset(Timestamp::from_second(u).expect("time"))
+                .seconds(),
+        )
     }
 
     fn next_transition(&self, u: i64) -> i64 {
@@ -518,7 +587,10 @@ fn cron_policy_differs_only_at_dst() -> Result<()> {
     let (mut differing, mut checked, mut bad) = (0, 0, Vec::new());
     for ((c, up), cron) in r.cases.iter().zip(&r.upstream).zip(&r.cron) {
         if up.valid != cron.valid || up.error != cron.error {
-            bad.push(format!("{}: parse differs: {up:?} vs {cron:?}", describe(c)));
+            bad.push(format!(
+                "{}: parse differs: {up:?} vs {cron:?}",
+                describe(c)
+            ));
             continue;
         }
         if !cron.valid {
@@ -535,7 +607,10 @@ fn cron_policy_differs_only_at_dst() -> Result<()> {
             let want = walker.next(from, COUNT);
             checked += 1;
             if want != got {
-                bad.push(format!("{}: cron policy {got:?}, wall-clock walker {want:?}", describe(c)));
+                bad.push(format!(
+                    "{}: cron policy {got:?}, wall-clock walker {want:?}",
+                    describe(c)
+                ));
                 continue;
             }
         }
@@ -555,14 +630,23 @@ fn cron_policy_differs_only_at_dst() -> Result<()> {
                 .next()
                 .is_some_and(|t| t.timestamp().as_second() <= last);
             if !transition || matches!(sched.kind, Kind::Every(_)) {
-                bad.push(format!("{}: differs from upstream without a DST change: {up:?} vs {cron:?}", describe(c)));
+                bad.push(format!(
+                    "{}: differs from upstream without a DST change: {up:?} vs {cron:?}",
+                    describe(c)
+                ));
             }
         }
     }
-    println!("cron policy: {checked} cases checked against the wall-clock walker; {differing} differ from upstream, each across a DST transition");
+    println!(
+        "cron policy: {checked} cases checked against the wall-clock walker; {differing} differ from upstream, each across a DST transition"
+    );
     ensure!(differing > 0, "the corpus never exercised a DST difference");
     if !bad.is_empty() {
-        bail!("{} problems; first ones:\n{}", bad.len(), bad[..bad.len().min(10)].join("\n"));
+        bail!(
+            "{} problems; first ones:\n{}",
+            bad.len(),
+            bad[..bad.len().min(10)].join("\n")
+        );
     }
     Ok(())
 }
@@ -570,13 +654,18 @@ fn cron_policy_differs_only_at_dst() -> Result<()> {
 fn main() {
     let args = Arguments::from_args();
     let t = |name: &'static str, f: fn() -> Result<()>| {
-        Trial::test(name, move || f().map_err(|e| Failed::from(format!("{e:#}"))))
+        Trial::test(name, move || {
+            f().map_err(|e| Failed::from(format!("{e:#}")))
+        })
     };
     libtest_mimic::run(
         &args,
         vec![
             t("upstream_mode_equals_robfig", upstream_mode_equals_robfig),
-            t("cron_policy_differs_only_at_dst", cron_policy_differs_only_at_dst),
+            t(
+                "cron_policy_differs_only_at_dst",
+                cron_policy_differs_only_at_dst,
+            ),
         ],
     )
     .exit();

@@ -76,18 +76,18 @@ impl Ns {
 
     /// Jobs controlled by the CronJob `name`, oldest scheduled first.
     async fn jobs_of(&self, name: &str) -> Result<Vec<Job>> {
-        let mut out: Vec<Job> = self
-            .jobs
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|j| {
-                j.metadata.owner_references.iter().flatten().any(|o| {
-                    o.kind == "CronJob" && o.name == name && o.controller == Some(true)
+        let mut out: Vec<Job> =
+            self.jobs
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|j| {
+                    j.metadata.owner_references.iter().flatten().any(|o| {
+                        o.kind == "CronJob" && o.name == name && o.controller == Some(true)
+                    })
                 })
-            })
-            .collect();
+                .collect();
         out.sort_by_key(|j| scheduled(j).ok());
         Ok(out)
     }
@@ -211,13 +211,23 @@ async fn c1_basic() -> Result<()> {
         .wait_jobs("basic", 1, Duration::from_secs(75))
         .await?
         .remove(0);
-    ensure!(name_of(&job) == format!("basic-{}", minute_of(first)), "name {}", name_of(&job));
+    ensure!(
+        name_of(&job) == format!("basic-{}", minute_of(first)),
+        "name {}",
+        name_of(&job)
+    );
     ensure!(scheduled(&job)? == first, "scheduled {:?}", scheduled(&job));
     let annotation = &job.metadata.annotations.as_ref().context("annotations")?[SCHEDULED];
-    ensure!(annotation.ends_with('Z') && !annotation.contains('.'), "{annotation}");
+    ensure!(
+        annotation.ends_with('Z') && !annotation.contains('.'),
+        "{annotation}"
+    );
     let skew = created(&job).duration_since(first).as_secs_f64();
     println!("MEASURE c1 creation skew {skew:.1}s (creationTimestamp has whole seconds)");
-    ensure!(skew < CREATE_WITHIN.as_secs_f64(), "created {skew}s after its time");
+    ensure!(
+        skew < CREATE_WITHIN.as_secs_f64(),
+        "created {skew}s after its time"
+    );
     let owner = &job.metadata.owner_references.as_ref().context("owner")?[0];
     ensure!(
         owner.kind == "CronJob"
@@ -227,7 +237,10 @@ async fn c1_basic() -> Result<()> {
         "{owner:?}"
     );
     let labels = job.metadata.labels.clone().unwrap_or_default();
-    ensure!(labels.get("app").map(String::as_str) == Some("cron"), "{labels:?}");
+    ensure!(
+        labels.get("app").map(String::as_str) == Some("cron"),
+        "{labels:?}"
+    );
     let annotations = job.metadata.annotations.clone().unwrap_or_default();
     ensure!(annotations.get("from").map(String::as_str) == Some("template"));
     let s = n.status("basic").await?;
@@ -237,34 +250,57 @@ async fn c1_basic() -> Result<()> {
         s.last_schedule_time
     );
     // Done: out of active, lastSuccessfulTime = completionTime.
-    let (s, done) = wait::until("job done and out of active", Duration::from_secs(60), Duration::from_millis(500), || async {
-        let job = n.jobs.get(name_of(&job)).await?;
-        let s = n.status("basic").await?;
-        Ok((finished(&job, "Complete") && s.active.iter().flatten().next().is_none()).then_some((s, job)))
-    })
+    let (s, done) = wait::until(
+        "job done and out of active",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let job = n.jobs.get(name_of(&job)).await?;
+            let s = n.status("basic").await?;
+            Ok(
+                (finished(&job, "Complete") && s.active.iter().flatten().next().is_none())
+                    .then_some((s, job)),
+            )
+        },
+    )
     .await?;
-    let completion = done.status.as_ref().and_then(|st| st.completion_time.clone());
+    let completion = done
+        .status
+        .as_ref()
+        .and_then(|st| st.completion_time.clone());
     ensure!(
         s.last_successful_time.is_some() && s.last_successful_time == completion,
         "lastSuccessfulTime {:?} vs completionTime {completion:?}",
         s.last_successful_time
     );
-    n.wait_event("basic", "SawCompletedJob", Duration::from_secs(10)).await?;
+    n.wait_event("basic", "SawCompletedJob", Duration::from_secs(10))
+        .await?;
     let created_events = n.events("basic", "SuccessfulCreate").await?;
     ensure!(
         created_events.contains(&format!("Created job {}", name_of(&job))),
         "{created_events:?}"
     );
     for reason in ["MissingJob", "UnexpectedJob"] {
-        ensure!(n.events("basic", reason).await?.is_empty(), "{reason} on a normal run");
+        ensure!(
+            n.events("basic", reason).await?.is_empty(),
+            "{reason} on a normal run"
+        );
     }
     let skew_after = metric("cronjob_controller_job_creation_skew_duration_seconds_count").await;
-    ensure!(skew_after > skew_before, "no skew sample ({skew_before} → {skew_after})");
+    ensure!(
+        skew_after > skew_before,
+        "no skew sample ({skew_before} → {skew_after})"
+    );
     Ok(())
 }
 
 async fn metric(series: &str) -> f64 {
-    pilothouse().metric(series).await.ok().flatten().unwrap_or(0.0)
+    pilothouse()
+        .metric(series)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0.0)
 }
 
 /// C2 Forbid: while the first Job runs (~90 s) the next minute gives `JobAlreadyActive` and no
@@ -278,22 +314,44 @@ async fn c2_forbid() -> Result<()> {
         job_template(Some(0), "90s"),
     )?)
     .await?;
-    let first = n.wait_jobs("forbid", 1, Duration::from_secs(75)).await?.remove(0);
+    let first = n
+        .wait_jobs("forbid", 1, Duration::from_secs(75))
+        .await?
+        .remove(0);
     let t1 = scheduled(&first)?;
-    n.wait_event("forbid", "JobAlreadyActive", Duration::from_secs(70)).await?;
-    ensure!(n.jobs_of("forbid").await?.len() == 1, "a second job while the first runs");
-    let (jobs, done_at) = wait::until("the late job", Duration::from_secs(120), Duration::from_millis(250), || async {
-        let jobs = n.jobs_of("forbid").await?;
-        let s = n.status("forbid").await?;
-        ensure!(active_names(&s).len() <= 1, "two active: {:?}", active_names(&s));
-        let running = jobs.iter().filter(|j| !finished(j, "Complete") && !finished(j, "Failed")).count();
-        ensure!(running <= 1, "two unfinished jobs");
-        Ok((jobs.len() >= 2).then(|| (jobs, Timestamp::now())))
-    })
+    n.wait_event("forbid", "JobAlreadyActive", Duration::from_secs(70))
+        .await?;
+    ensure!(
+        n.jobs_of("forbid").await?.len() == 1,
+        "a second job while the first runs"
+    );
+    let (jobs, done_at) = wait::until(
+        "the late job",
+        Duration::from_secs(120),
+        Duration::from_millis(250),
+        || async {
+            let jobs = n.jobs_of("forbid").await?;
+            let s = n.status("forbid").await?;
+            ensure!(
+                active_names(&s).len() <= 1,
+                "two active: {:?}",
+                active_names(&s)
+            );
+            let running = jobs
+                .iter()
+                .filter(|j| !finished(j, "Complete") && !finished(j, "Failed"))
+                .count();
+            ensure!(running <= 1, "two unfinished jobs");
+            Ok((jobs.len() >= 2).then(|| (jobs, Timestamp::now())))
+        },
+    )
     .await?;
     let second = &jobs[1];
     let t2 = scheduled(second)?;
-    ensure!(t2 == t1 + SignedDuration::from_secs(60), "second job for {t2}, first {t1}");
+    ensure!(
+        t2 == t1 + SignedDuration::from_secs(60),
+        "second job for {t2}, first {t1}"
+    );
     let first = n.jobs.get(name_of(&first)).await?;
     let completed = first
         .status
@@ -302,9 +360,17 @@ async fn c2_forbid() -> Result<()> {
         .context("first job completion time")?
         .0;
     let late = created(second).duration_since(completed).as_secs_f64();
-    println!("MEASURE c2 late job created {late:.1}s after the first completed (seen at {done_at})");
-    ensure!(late < 5.0, "late job {late}s after the first finished, not at once");
-    ensure!(created(second) < t2 + SignedDuration::from_secs(60), "waited for the next slot");
+    println!(
+        "MEASURE c2 late job created {late:.1}s after the first completed (seen at {done_at})"
+    );
+    ensure!(
+        late < 5.0,
+        "late job {late}s after the first finished, not at once"
+    );
+    ensure!(
+        created(second) < t2 + SignedDuration::from_secs(60),
+        "waited for the next slot"
+    );
     Ok(())
 }
 
@@ -318,20 +384,40 @@ async fn c3_replace() -> Result<()> {
         job_template(None, ""),
     )?)
     .await?;
-    let first = n.wait_jobs("replace", 1, Duration::from_secs(75)).await?.remove(0);
+    let first = n
+        .wait_jobs("replace", 1, Duration::from_secs(75))
+        .await?
+        .remove(0);
     let second_name = format!("replace-{}", minute_of(scheduled(&first)?) + 1);
-    let s = wait::until("replacement", Duration::from_secs(75), Duration::from_millis(250), || async {
-        let s = n.status("replace").await?;
-        Ok((active_names(&s) == [second_name.clone()]).then_some(s))
-    })
+    let s = wait::until(
+        "replacement",
+        Duration::from_secs(75),
+        Duration::from_millis(250),
+        || async {
+            let s = n.status("replace").await?;
+            Ok((active_names(&s) == [second_name.clone()]).then_some(s))
+        },
+    )
     .await?;
     ensure!(active_names(&s).len() == 1);
-    wait::until("first job gone", Duration::from_secs(30), Duration::from_millis(250), || async {
-        Ok(n.jobs.get_opt(name_of(&first)).await?.is_none().then_some(()))
-    })
+    wait::until(
+        "first job gone",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || async {
+            Ok(n.jobs
+                .get_opt(name_of(&first))
+                .await?
+                .is_none()
+                .then_some(()))
+        },
+    )
     .await?;
     let deleted = n.events("replace", "SuccessfulDelete").await?;
-    ensure!(deleted.contains(&format!("Deleted job {}", name_of(&first))), "{deleted:?}");
+    ensure!(
+        deleted.contains(&format!("Deleted job {}", name_of(&first))),
+        "{deleted:?}"
+    );
     Ok(())
 }
 
@@ -341,8 +427,13 @@ async fn c3_replace() -> Result<()> {
 /// window's start, see the issue note), then the next minute's Job.
 async fn c4_suspend_backlog() -> Result<()> {
     let n = ns("c4").await?;
-    n.create(&cronjob("susp", "*/1 * * * *", json!({"suspend": true}), job_template(Some(0), "1s"))?)
-        .await?;
+    n.create(&cronjob(
+        "susp",
+        "*/1 * * * *",
+        json!({"suspend": true}),
+        job_template(Some(0), "1s"),
+    )?)
+    .await?;
     n.create(&cronjob(
         "deadline",
         "*/1 * * * *",
@@ -357,22 +448,43 @@ async fn c4_suspend_backlog() -> Result<()> {
     n.set_suspend("susp", false).await?;
     let jobs = n.wait_jobs("susp", 1, Duration::from_secs(5)).await?;
     let latest = Timestamp::from_second(minute_of(resumed) * 60)?;
-    ensure!(scheduled(&jobs[0])? == latest, "resumed job for {:?}, want {latest}", scheduled(&jobs[0]));
+    ensure!(
+        scheduled(&jobs[0])? == latest,
+        "resumed job for {:?}, want {latest}",
+        scheduled(&jobs[0])
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    ensure!(n.jobs_of("susp").await?.len() == 1, "more than one job on resume");
+    ensure!(
+        n.jobs_of("susp").await?.len() == 1,
+        "more than one job on resume"
+    );
     // (b): resume at :30 of a minute.
     let now = Timestamp::now();
     let at = Timestamp::from_second(minute_of(now) * 60 + 30)?;
-    let at = if at <= now { at + SignedDuration::from_secs(60) } else { at };
+    let at = if at <= now {
+        at + SignedDuration::from_secs(60)
+    } else {
+        at
+    };
     sleep_until(at).await;
     n.set_suspend("deadline", false).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    ensure!(n.jobs_of("deadline").await?.is_empty(), "a job for a slot past its deadline");
+    ensure!(
+        n.jobs_of("deadline").await?.is_empty(),
+        "a job for a slot past its deadline"
+    );
     let jobs = n.wait_jobs("deadline", 1, Duration::from_secs(30)).await?;
     let want = Timestamp::from_second((minute_of(at) + 1) * 60)?;
-    ensure!(scheduled(&jobs[0])? == want, "deadline job for {:?}, want {want}", scheduled(&jobs[0]));
+    ensure!(
+        scheduled(&jobs[0])? == want,
+        "deadline job for {:?}, want {want}",
+        scheduled(&jobs[0])
+    );
     let missed = n.events("deadline", "MissSchedule").await?;
-    println!("MEASURE c4 MissSchedule events on the deadline CronJob: {}", missed.len());
+    println!(
+        "MEASURE c4 MissSchedule events on the deadline CronJob: {}",
+        missed.len()
+    );
     Ok(())
 }
 
@@ -400,13 +512,21 @@ async fn c5_too_many_missed() -> Result<()> {
     n.set_suspend("many", false).await?;
     let jobs = n.wait_jobs("many", 1, Duration::from_secs(10)).await?;
     let want = Timestamp::from_second(minute_of(resumed) * 60)?;
-    ensure!(scheduled(&jobs[0])? == want || scheduled(&jobs[0])? == want + SignedDuration::from_secs(60),
-        "job for {:?}, want {want}", scheduled(&jobs[0]));
-    n.wait_event("many", "TooManyMissedTimes", Duration::from_secs(10)).await?;
+    ensure!(
+        scheduled(&jobs[0])? == want
+            || scheduled(&jobs[0])? == want + SignedDuration::from_secs(60),
+        "job for {:?}, want {want}",
+        scheduled(&jobs[0])
+    );
+    n.wait_event("many", "TooManyMissedTimes", Duration::from_secs(10))
+        .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     ensure!(n.jobs_of("many").await?.len() == 1, "more than one job");
     let s = n.status("many").await?;
-    ensure!(s.last_schedule_time.map(|t| t.0) == Some(scheduled(&jobs[0])?), "lastScheduleTime");
+    ensure!(
+        s.last_schedule_time.map(|t| t.0) == Some(scheduled(&jobs[0])?),
+        "lastScheduleTime"
+    );
     Ok(())
 }
 
@@ -427,7 +547,14 @@ async fn c6_history() -> Result<()> {
         job_template(Some(1), "1s"),
     )?)
     .await?;
-    let d = n.create(&cronjob("defaults", "0 0 1 1 *", json!({}), job_template(Some(0), "1s"))?).await?;
+    let d = n
+        .create(&cronjob(
+            "defaults",
+            "0 0 1 1 *",
+            json!({}),
+            job_template(Some(0), "1s"),
+        )?)
+        .await?;
     let spec = d.spec;
     ensure!(
         spec.successful_jobs_history_limit == Some(3) && spec.failed_jobs_history_limit == Some(1),
@@ -441,10 +568,20 @@ async fn c6_history() -> Result<()> {
     let ok = n.jobs_of("ok").await?;
     let names: Vec<&str> = ok.iter().map(name_of).collect();
     ensure!(ok.len() == 1, "successful history {names:?}");
-    ensure!(scheduled(&ok[0])? == b + SignedDuration::from_secs(120), "kept {names:?}, not the newest");
+    ensure!(
+        scheduled(&ok[0])? == b + SignedDuration::from_secs(120),
+        "kept {names:?}, not the newest"
+    );
     let bad = n.jobs_of("bad").await?;
-    ensure!(bad.iter().all(|j| !finished(j, "Failed")), "failed job kept: {:?}", bad.iter().map(name_of).collect::<Vec<_>>());
-    ensure!(n.events("bad", "SuccessfulDelete").await?.len() >= 2, "failed jobs not deleted");
+    ensure!(
+        bad.iter().all(|j| !finished(j, "Failed")),
+        "failed job kept: {:?}",
+        bad.iter().map(name_of).collect::<Vec<_>>()
+    );
+    ensure!(
+        n.events("bad", "SuccessfulDelete").await?.len() >= 2,
+        "failed jobs not deleted"
+    );
     Ok(())
 }
 
@@ -463,11 +600,23 @@ async fn c7_zones_and_syntax() -> Result<()> {
     )?)
     .await?;
     let every = n
-        .create(&cronjob("every", "@every 2m", json!({}), job_template(Some(0), "1s"))?)
+        .create(&cronjob(
+            "every",
+            "@every 2m",
+            json!({}),
+            job_template(Some(0), "1s"),
+        )?)
         .await?;
-    n.create(&cronjob("hourly", "@hourly", json!({}), job_template(Some(0), "1s"))?)
-        .await?;
-    let reject = |name: &str, schedule: &str, extra: Value| cronjob(name, schedule, extra, job_template(Some(0), "1s"));
+    n.create(&cronjob(
+        "hourly",
+        "@hourly",
+        json!({}),
+        job_template(Some(0), "1s"),
+    )?)
+    .await?;
+    let reject = |name: &str, schedule: &str, extra: Value| {
+        cronjob(name, schedule, extra, job_template(Some(0), "1s"))
+    };
     let bad = [
         reject("z1", "*/1 * * * *", json!({"timeZone": "Local"}))?,
         reject("z2", "*/1 * * * *", json!({"timeZone": ""}))?,
@@ -490,14 +639,26 @@ async fn c7_zones_and_syntax() -> Result<()> {
             ),
         }
     }
-    let job = n.wait_jobs("kolkata", 1, Duration::from_secs(150)).await?.remove(0);
+    let job = n
+        .wait_jobs("kolkata", 1, Duration::from_secs(150))
+        .await?
+        .remove(0);
     let annotation = job.metadata.annotations.clone().unwrap_or_default()[SCHEDULED].clone();
     ensure!(annotation.ends_with("+05:30"), "{annotation}");
-    ensure!(scheduled(&job)? == target, "kolkata job for {annotation}, want {target}");
+    ensure!(
+        scheduled(&job)? == target,
+        "kolkata job for {annotation}, want {target}"
+    );
     let s = n.status("kolkata").await?;
-    ensure!(s.last_schedule_time.map(|t| t.0) == Some(target), "lastScheduleTime");
+    ensure!(
+        s.last_schedule_time.map(|t| t.0) == Some(target),
+        "lastScheduleTime"
+    );
     let anchor = every.metadata.creation_timestamp.context("created")?.0;
-    let job = n.wait_jobs("every", 1, Duration::from_secs(150)).await?.remove(0);
+    let job = n
+        .wait_jobs("every", 1, Duration::from_secs(150))
+        .await?
+        .remove(0);
     ensure!(
         scheduled(&job)? == anchor + SignedDuration::from_secs(120),
         "@every 2m job for {:?}, created {anchor}",
@@ -511,13 +672,31 @@ async fn c7_zones_and_syntax() -> Result<()> {
 async fn c8_active_list() -> Result<()> {
     let n = ns("c8").await?;
     let cj = n
-        .create(&cronjob("act", "*/1 * * * *", json!({"concurrencyPolicy": "Forbid"}), job_template(None, ""))?)
+        .create(&cronjob(
+            "act",
+            "*/1 * * * *",
+            json!({"concurrencyPolicy": "Forbid"}),
+            job_template(None, ""),
+        )?)
         .await?;
-    let job = n.wait_jobs("act", 1, Duration::from_secs(75)).await?.remove(0);
-    n.jobs.delete(name_of(&job), &DeleteParams::background()).await?;
-    let note = n.wait_event("act", "MissingJob", Duration::from_secs(20)).await?;
-    ensure!(note == format!("Active job went missing: {}", name_of(&job)), "{note}");
-    ensure!(active_names(&n.status("act").await?).is_empty(), "still active");
+    let job = n
+        .wait_jobs("act", 1, Duration::from_secs(75))
+        .await?
+        .remove(0);
+    n.jobs
+        .delete(name_of(&job), &DeleteParams::background())
+        .await?;
+    let note = n
+        .wait_event("act", "MissingJob", Duration::from_secs(20))
+        .await?;
+    ensure!(
+        note == format!("Active job went missing: {}", name_of(&job)),
+        "{note}"
+    );
+    ensure!(
+        active_names(&n.status("act").await?).is_empty(),
+        "still active"
+    );
     let stray: Job = serde_json::from_value(json!({
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": "stray", "ownerReferences": [{
@@ -526,9 +705,17 @@ async fn c8_active_list() -> Result<()> {
         "spec": {"suspend": true, "template": template(None, "")}
     }))?;
     n.jobs.create(&PostParams::default(), &stray).await?;
-    let note = n.wait_event("act", "UnexpectedJob", Duration::from_secs(20)).await?;
-    ensure!(note == "Saw a job that the controller did not create or forgot: stray", "{note}");
-    ensure!(!active_names(&n.status("act").await?).contains(&"stray".to_string()), "stray added");
+    let note = n
+        .wait_event("act", "UnexpectedJob", Duration::from_secs(20))
+        .await?;
+    ensure!(
+        note == "Saw a job that the controller did not create or forgot: stray",
+        "{note}"
+    );
+    ensure!(
+        !active_names(&n.status("act").await?).contains(&"stray".to_string()),
+        "stray added"
+    );
     Ok(())
 }
 
@@ -536,8 +723,13 @@ async fn c8_active_list() -> Result<()> {
 /// requeued for the new schedule's next time, and from then on runs every minute.
 async fn c9_schedule_change() -> Result<()> {
     let n = ns("c9").await?;
-    n.create(&cronjob("change", "0 0 1 1 *", json!({}), job_template(Some(0), "1s"))?)
-        .await?;
+    n.create(&cronjob(
+        "change",
+        "0 0 1 1 *",
+        json!({}),
+        job_template(Some(0), "1s"),
+    )?)
+    .await?;
     sleep_until(next_boundary() + SignedDuration::from_secs(5)).await;
     let patched = Timestamp::now();
     n.cronjobs
@@ -553,8 +745,14 @@ async fn c9_schedule_change() -> Result<()> {
         "MEASURE c9 first job after the schedule change: for {first}, created {:.1}s after the patch",
         created(&jobs[0]).duration_since(patched).as_secs_f64()
     );
-    ensure!(first <= Timestamp::from_second((minute_of(patched) + 1) * 60)?, "first job {first} too late");
-    ensure!(scheduled(&jobs[1])? == first + SignedDuration::from_secs(60), "then every minute");
+    ensure!(
+        first <= Timestamp::from_second((minute_of(patched) + 1) * 60)?,
+        "first job {first} too late"
+    );
+    ensure!(
+        scheduled(&jobs[1])? == first + SignedDuration::from_secs(60),
+        "then every minute"
+    );
     Ok(())
 }
 
@@ -576,13 +774,26 @@ async fn c10_lost_status_write() -> Result<()> {
         "C10: status write refused once",
     );
     let result = async {
-        n.create(&cronjob("lost", "*/1 * * * *", json!({}), job_template(None, ""))?)
-            .await?;
-        let job = n.wait_jobs("lost", 1, Duration::from_secs(75)).await?.remove(0);
-        let s = wait::until("job back in active", Duration::from_secs(30), Duration::from_millis(250), || async {
-            let s = n.status("lost").await?;
-            Ok((active_names(&s) == [name_of(&job).to_string()]).then_some(s))
-        })
+        n.create(&cronjob(
+            "lost",
+            "*/1 * * * *",
+            json!({}),
+            job_template(None, ""),
+        )?)
+        .await?;
+        let job = n
+            .wait_jobs("lost", 1, Duration::from_secs(75))
+            .await?
+            .remove(0);
+        let s = wait::until(
+            "job back in active",
+            Duration::from_secs(30),
+            Duration::from_millis(250),
+            || async {
+                let s = n.status("lost").await?;
+                Ok((active_names(&s) == [name_of(&job).to_string()]).then_some(s))
+            },
+        )
         .await?;
         ensure!(s.last_schedule_time.map(|t| t.0) == Some(scheduled(&job)?));
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -625,11 +836,23 @@ async fn c11_foreign_owner() -> Result<()> {
     // Two boundaries: the CronJob syncs, runs and cleans up its own history meanwhile.
     sleep_until(next_boundary() + SignedDuration::from_secs(70)).await;
     let job = n.jobs.get("foreign").await?;
-    ensure!(finished(&job, "Complete"), "foreign job not complete (test setup)");
-    ensure!(n.events("same", "UnexpectedJob").await?.is_empty(), "foreign job was UnexpectedJob");
+    ensure!(
+        finished(&job, "Complete"),
+        "foreign job not complete (test setup)"
+    );
+    ensure!(
+        n.events("same", "UnexpectedJob").await?.is_empty(),
+        "foreign job was UnexpectedJob"
+    );
     let s = n.status("same").await?;
-    ensure!(!active_names(&s).contains(&"foreign".to_string()), "foreign job in active");
-    ensure!(n.jobs_of("same").await?.len() <= 1, "own history not cleaned");
+    ensure!(
+        !active_names(&s).contains(&"foreign".to_string()),
+        "foreign job in active"
+    );
+    ensure!(
+        n.jobs_of("same").await?.len() <= 1,
+        "own history not cleaned"
+    );
     Ok(())
 }
 
@@ -637,17 +860,32 @@ async fn c11_foreign_owner() -> Result<()> {
 /// `Pilothouse/Test`): `UnknownTimeZone` and no Jobs, while another CronJob keeps firing.
 async fn c12_unknown_zone() -> Result<()> {
     let n = ns("c12").await?;
-    n.create(&cronjob("lost-zone", "*/1 * * * *", json!({"timeZone": "Pilothouse/Test"}), job_template(Some(0), "1s"))?)
+    n.create(&cronjob(
+        "lost-zone",
+        "*/1 * * * *",
+        json!({"timeZone": "Pilothouse/Test"}),
+        job_template(Some(0), "1s"),
+    )?)
+    .await?;
+    n.create(&cronjob(
+        "fine",
+        "*/1 * * * *",
+        json!({}),
+        job_template(Some(0), "1s"),
+    )?)
+    .await?;
+    let note = n
+        .wait_event("lost-zone", "UnknownTimeZone", Duration::from_secs(20))
         .await?;
-    n.create(&cronjob("fine", "*/1 * * * *", json!({}), job_template(Some(0), "1s"))?)
-        .await?;
-    let note = n.wait_event("lost-zone", "UnknownTimeZone", Duration::from_secs(20)).await?;
     ensure!(
         note == "invalid timeZone: \"Pilothouse/Test\": unknown time zone Pilothouse/Test",
         "{note}"
     );
     n.wait_jobs("fine", 2, Duration::from_secs(135)).await?;
-    ensure!(n.jobs_of("lost-zone").await?.is_empty(), "jobs for an unknown zone");
+    ensure!(
+        n.jobs_of("lost-zone").await?.is_empty(),
+        "jobs for an unknown zone"
+    );
     Ok(())
 }
 

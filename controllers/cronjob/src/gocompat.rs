@@ -7,7 +7,12 @@
 /// (`strconv.Atoi: parsing "x": invalid syntax` / `value out of range`).
 pub fn atoi(s: &str) -> Result<i64, String> {
     let syntax = || format!("strconv.Atoi: parsing {}: invalid syntax", strconv_quote(s));
-    let range = || format!("strconv.Atoi: parsing {}: value out of range", strconv_quote(s));
+    let range = || {
+        format!(
+            "strconv.Atoi: parsing {}: value out of range",
+            strconv_quote(s)
+        )
+    };
     let bytes = s.as_bytes();
     let (neg, digits) = match bytes.first() {
         None => return Err(syntax()),
@@ -50,7 +55,11 @@ pub fn atoi(s: &str) -> Result<i64, String> {
     if (!neg && n >= limit) || (neg && n > limit) {
         return Err(range());
     }
-    Ok(if neg { (n as i64).wrapping_neg() } else { n as i64 })
+    Ok(if neg {
+        (n as i64).wrapping_neg()
+    } else {
+        n as i64
+    })
 }
 
 /// `strconv.Quote`. Non-ASCII characters are kept unless they are control or white-space

@@ -4,10 +4,10 @@
 
 use crate::schedule::{DstPolicy, Schedule};
 use crate::zone::Zone;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::{CronJob, CronJobStatus, Job};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use jiff::{SignedDuration, Timestamp};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -182,7 +182,10 @@ pub struct Plan {
 /// `<cronjob>-<scheduled minutes since the epoch>` (CR-18).
 pub fn job_name(cj: &CronJob, scheduled: Timestamp) -> String {
     let minutes = scheduled.as_second() / 60;
-    format!("{}-{minutes}", cj.metadata.name.as_deref().unwrap_or_default())
+    format!(
+        "{}-{minutes}",
+        cj.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 fn concurrency(cj: &CronJob) -> &str {
@@ -252,7 +255,10 @@ pub fn plan(
         if warned_slot != Some(scheduled) {
             out.events.push(Event::warning(
                 "MissSchedule",
-                format!("Missed scheduled time to start a job: {}", rfc1123z(scheduled)),
+                format!(
+                    "Missed scheduled time to start a job: {}",
+                    rfc1123z(scheduled)
+                ),
             ));
         }
         out.missed_slot = Some(scheduled);
@@ -327,7 +333,10 @@ pub fn upkeep(status: &CronJobStatus, jobs: &[&Job]) -> Upkeep {
         match finished_condition(job) {
             None if !listed => out.events.push(Event::warning(
                 "UnexpectedJob",
-                format!("Saw a job that the controller did not create or forgot: {}", name(job)),
+                format!(
+                    "Saw a job that the controller did not create or forgot: {}",
+                    name(job)
+                ),
             )),
             None => {}
             Some(condition) => {

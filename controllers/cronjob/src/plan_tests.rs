@@ -55,7 +55,13 @@ fn reasons(p: &Plan) -> Vec<&'static str> {
     p.events.iter().map(|e| e.reason).collect()
 }
 
-fn job(name: &str, uid: &str, condition: Option<&str>, start: Option<&str>, done: Option<&str>) -> Job {
+fn job(
+    name: &str,
+    uid: &str,
+    condition: Option<&str>,
+    start: Option<&str>,
+    done: Option<&str>,
+) -> Job {
     Job {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -106,7 +112,10 @@ fn cr18_job_name_is_unix_minutes() {
 fn cr22_never_fires_for_the_creation_minute_and_waits_for_t1() {
     let c = cj("*/1 * * * *", "2026-03-01T10:00:20Z");
     let p = run(&c, "2026-03-01T10:00:50Z");
-    assert_eq!(p.decision, Decision::Wait(Some(Duration::from_millis(10_100))));
+    assert_eq!(
+        p.decision,
+        Decision::Wait(Some(Duration::from_millis(10_100)))
+    );
     let p = run(&c, "2026-03-01T10:01:00.5Z");
     assert_eq!(
         p.decision,
@@ -119,7 +128,10 @@ fn cr22_never_fires_for_the_creation_minute_and_waits_for_t1() {
 
 #[test]
 fn cr23_only_the_latest_missed_time_starts() {
-    let c = with_last(cj("*/1 * * * *", "2026-03-01T09:00:00Z"), "2026-03-01T10:00:00Z");
+    let c = with_last(
+        cj("*/1 * * * *", "2026-03-01T09:00:00Z"),
+        "2026-03-01T10:00:00Z",
+    );
     let p = run(&c, "2026-03-01T10:07:30Z");
     assert_eq!(
         p.decision,
@@ -133,13 +145,27 @@ fn cr23_only_the_latest_missed_time_starts() {
 
 #[test]
 fn cr24_many_missed_warns_and_still_starts_the_latest() {
-    let c = with_last(cj("*/1 * * * *", "2026-01-01T00:00:00Z"), "2026-01-01T00:00:00Z");
+    let c = with_last(
+        cj("*/1 * * * *", "2026-01-01T00:00:00Z"),
+        "2026-01-01T00:00:00Z",
+    );
     let p = run(&c, "2026-03-01T10:07:30Z");
     assert_eq!(reasons(&p), ["TooManyMissedTimes"]);
-    assert!(matches!(p.decision, Decision::Start { scheduled, .. } if scheduled == at("2026-03-01T10:07:00Z")));
+    assert!(
+        matches!(p.decision, Decision::Start { scheduled, .. } if scheduled == at("2026-03-01T10:07:00Z"))
+    );
     // Exactly 100 misses is still "few".
-    let c = with_last(cj("*/1 * * * *", "2026-01-01T00:00:00Z"), "2026-03-01T08:27:00Z");
-    let r = most_recent(&c, at("2026-03-01T10:07:30Z"), &sched(&c), DstPolicy::Upstream, true);
+    let c = with_last(
+        cj("*/1 * * * *", "2026-01-01T00:00:00Z"),
+        "2026-03-01T08:27:00Z",
+    );
+    let r = most_recent(
+        &c,
+        at("2026-03-01T10:07:30Z"),
+        &sched(&c),
+        DstPolicy::Upstream,
+        true,
+    );
     assert_eq!(r.missed, Missed::Few);
 }
 
@@ -152,19 +178,37 @@ fn cr25_past_the_deadline_is_skipped_silently_as_upstream() {
     c.spec.starting_deadline_seconds = Some(60);
     let p = run(&c, "2026-03-01T10:02:00Z");
     assert!(p.events.is_empty());
-    assert_eq!(p.decision, Decision::Wait(Some(Duration::from_millis(58 * 60_000 + 100))));
+    assert_eq!(
+        p.decision,
+        Decision::Wait(Some(Duration::from_millis(58 * 60_000 + 100)))
+    );
     // Within the deadline it starts.
     c.spec.starting_deadline_seconds = Some(300);
-    assert!(matches!(run(&c, "2026-03-01T10:02:00Z").decision, Decision::Start { .. }));
-    assert_eq!(rfc1123z(at("2026-03-01T10:00:00Z")), "Sun, 01 Mar 2026 10:00:00 +0000");
+    assert!(matches!(
+        run(&c, "2026-03-01T10:02:00Z").decision,
+        Decision::Start { .. }
+    ));
+    assert_eq!(
+        rfc1123z(at("2026-03-01T10:00:00Z")),
+        "Sun, 01 Mar 2026 10:00:00 +0000"
+    );
 }
 
 #[test]
 fn cr26_a_slot_already_taken_waits() {
-    let c = with_last(cj("*/1 * * * *", "2026-03-01T09:00:00Z"), "2026-03-01T10:07:00Z");
+    let c = with_last(
+        cj("*/1 * * * *", "2026-03-01T09:00:00Z"),
+        "2026-03-01T10:07:00Z",
+    );
     let p = run(&c, "2026-03-01T10:07:30Z");
-    assert_eq!(p.decision, Decision::Wait(Some(Duration::from_millis(30_100))));
-    let mut c = with_last(cj("*/1 * * * *", "2026-03-01T09:00:00Z"), "2026-03-01T10:06:00Z");
+    assert_eq!(
+        p.decision,
+        Decision::Wait(Some(Duration::from_millis(30_100)))
+    );
+    let mut c = with_last(
+        cj("*/1 * * * *", "2026-03-01T09:00:00Z"),
+        "2026-03-01T10:06:00Z",
+    );
     c.status.as_mut().unwrap().active = Some(vec![reference("cj-29539327", "j")]);
     let p = run(&c, "2026-03-01T10:07:30Z");
     assert!(matches!(p.decision, Decision::Wait(_)));
@@ -172,15 +216,27 @@ fn cr26_a_slot_already_taken_waits() {
 
 #[test]
 fn cr27_concurrency_policies() {
-    let mut c = with_last(cj("*/1 * * * *", "2026-03-01T09:00:00Z"), "2026-03-01T10:06:00Z");
+    let mut c = with_last(
+        cj("*/1 * * * *", "2026-03-01T09:00:00Z"),
+        "2026-03-01T10:06:00Z",
+    );
     c.status.as_mut().unwrap().active = Some(vec![reference("cj-29539326", "j")]);
-    assert!(matches!(run(&c, "2026-03-01T10:07:30Z").decision, Decision::Start { replace: false, .. }));
+    assert!(matches!(
+        run(&c, "2026-03-01T10:07:30Z").decision,
+        Decision::Start { replace: false, .. }
+    ));
     c.spec.concurrency_policy = Some("Forbid".into());
     let p = run(&c, "2026-03-01T10:07:30Z");
     assert_eq!(reasons(&p), ["JobAlreadyActive"]);
-    assert_eq!(p.decision, Decision::Wait(Some(Duration::from_millis(30_100))));
+    assert_eq!(
+        p.decision,
+        Decision::Wait(Some(Duration::from_millis(30_100)))
+    );
     c.spec.concurrency_policy = Some("Replace".into());
-    assert!(matches!(run(&c, "2026-03-01T10:07:30Z").decision, Decision::Start { replace: true, .. }));
+    assert!(matches!(
+        run(&c, "2026-03-01T10:07:30Z").decision,
+        Decision::Start { replace: true, .. }
+    ));
 }
 
 #[test]
@@ -221,21 +277,52 @@ fn cr29_active_list_upkeep() {
         last_successful_time: Some(Time(at("2026-03-01T09:00:00Z"))),
         ..Default::default()
     };
-    let done = job("done", "u1", Some("Complete"), Some("2026-03-01T09:59:00Z"), Some("2026-03-01T10:00:30Z"));
+    let done = job(
+        "done",
+        "u1",
+        Some("Complete"),
+        Some("2026-03-01T09:59:00Z"),
+        Some("2026-03-01T10:00:30Z"),
+    );
     let running = job("running", "u2", None, Some("2026-03-01T10:00:00Z"), None);
     let stray = job("stray", "u4", None, None, None);
-    let old = job("old", "u5", Some("Complete"), Some("2026-03-01T08:00:00Z"), Some("2026-03-01T08:01:00Z"));
+    let old = job(
+        "old",
+        "u5",
+        Some("Complete"),
+        Some("2026-03-01T08:00:00Z"),
+        Some("2026-03-01T08:01:00Z"),
+    );
     let u = upkeep(&status, &[&done, &running, &stray, &old]);
     assert!(u.changed);
-    let kept: Vec<_> = u.status.active.iter().flatten().map(|a| a.name.clone().unwrap()).collect();
+    let kept: Vec<_> = u
+        .status
+        .active
+        .iter()
+        .flatten()
+        .map(|a| a.name.clone().unwrap())
+        .collect();
     assert_eq!(kept, ["running", "gone"]);
-    assert_eq!(u.status.last_successful_time, Some(Time(at("2026-03-01T10:00:30Z"))));
-    let r: Vec<_> = u.events.iter().map(|e| (e.reason, e.note.as_str())).collect();
+    assert_eq!(
+        u.status.last_successful_time,
+        Some(Time(at("2026-03-01T10:00:30Z")))
+    );
+    let r: Vec<_> = u
+        .events
+        .iter()
+        .map(|e| (e.reason, e.note.as_str()))
+        .collect();
     assert_eq!(
         r,
         [
-            ("SawCompletedJob", "Saw completed job: done, condition: Complete"),
-            ("UnexpectedJob", "Saw a job that the controller did not create or forgot: stray"),
+            (
+                "SawCompletedJob",
+                "Saw completed job: done, condition: Complete"
+            ),
+            (
+                "UnexpectedJob",
+                "Saw a job that the controller did not create or forgot: stray"
+            ),
         ]
     );
     assert_eq!(u.unseen, [reference("gone", "u3")]);
@@ -252,8 +339,20 @@ fn cr32_history_oldest_by_start_time_unset_last() {
     let mut c = cj("*/1 * * * *", "2026-03-01T09:00:00Z");
     c.spec.successful_jobs_history_limit = Some(1);
     c.spec.failed_jobs_history_limit = Some(0);
-    let a = job("a", "1", Some("Complete"), Some("2026-03-01T10:02:00Z"), None);
-    let b = job("b", "2", Some("Complete"), Some("2026-03-01T10:01:00Z"), None);
+    let a = job(
+        "a",
+        "1",
+        Some("Complete"),
+        Some("2026-03-01T10:02:00Z"),
+        None,
+    );
+    let b = job(
+        "b",
+        "2",
+        Some("Complete"),
+        Some("2026-03-01T10:01:00Z"),
+        None,
+    );
     let n = job("n", "3", Some("Complete"), None, None);
     let f = job("f", "4", Some("Failed"), None, None);
     let r = job("r", "5", None, Some("2026-03-01T10:00:00Z"), None);
@@ -280,13 +379,21 @@ fn cr19_job_from_template() {
     let kolkata = Zone::bundled("Asia/Kolkata").unwrap();
     let j = job_for(&c, at("2026-03-01T10:00:00Z"), &kolkata);
     let a = j.metadata.annotations.unwrap();
-    assert_eq!(a[SCHEDULED_TIMESTAMP_ANNOTATION], "2026-03-01T15:30:00+05:30");
+    assert_eq!(
+        a[SCHEDULED_TIMESTAMP_ANNOTATION],
+        "2026-03-01T15:30:00+05:30"
+    );
     assert_eq!(a["note"], "y");
     assert_eq!(j.metadata.labels.unwrap()["app"], "x");
     assert_eq!(j.metadata.name.as_deref(), Some("cj-29539320"));
     let o = &j.metadata.owner_references.unwrap()[0];
     assert_eq!(
-        (o.kind.as_str(), o.uid.as_str(), o.controller, o.block_owner_deletion),
+        (
+            o.kind.as_str(),
+            o.uid.as_str(),
+            o.controller,
+            o.block_owner_deletion
+        ),
         ("CronJob", "cj-uid", Some(true), Some(true))
     );
     let utc = job_for(&c, at("2026-03-01T10:00:00Z"), &Zone::utc());

@@ -259,9 +259,7 @@ fn range(expr: &str, b: Bounds) -> Result<u64, String> {
         ));
     }
     if step == 0 {
-        return Err(format!(
-            "step of range should be a positive number: {expr}"
-        ));
+        return Err(format!("step of range should be a positive number: {expr}"));
     }
     Ok(bits(start as u32, end as u32, step) | extra)
 }
@@ -356,7 +354,11 @@ mod tests {
     fn accepts_what_robfig_accepts() {
         let table: &[(&str, u64, u64)] = &[
             // (schedule, minute bits, hour bits)
-            ("*/15 * * * *", 1 | 1 << 15 | 1 << 30 | 1 << 45, bits(0, 23, 1) | STAR),
+            (
+                "*/15 * * * *",
+                1 | 1 << 15 | 1 << 30 | 1 << 45,
+                bits(0, 23, 1) | STAR,
+            ),
             ("5 */1 * * *", 1 << 5, bits(0, 23, 1) | STAR),
             ("5-10/2 3 * * *", 1 << 5 | 1 << 7 | 1 << 9, 1 << 3),
             ("10/20 0 * * *", 1 << 10 | 1 << 30 | 1 << 50, 1),
@@ -376,9 +378,18 @@ mod tests {
         assert!(!fields("@hourly").fixed_time);
         assert!(!fields("*/15 2 * * *").fixed_time);
         assert!(!fields("30 ? * * *").fixed_time);
-        assert!(matches!(parse("@every 1m30.5s", &Utc).unwrap().kind, Kind::Every(90)));
-        assert!(matches!(parse("@every 10ms", &Utc).unwrap().kind, Kind::Every(1)));
-        assert!(matches!(parse("@every -5m", &Utc).unwrap().kind, Kind::Every(1)));
+        assert!(matches!(
+            parse("@every 1m30.5s", &Utc).unwrap().kind,
+            Kind::Every(90)
+        ));
+        assert!(matches!(
+            parse("@every 10ms", &Utc).unwrap().kind,
+            Kind::Every(1)
+        ));
+        assert!(matches!(
+            parse("@every -5m", &Utc).unwrap().kind,
+            Kind::Every(1)
+        ));
         assert!(parse("TZ=Asia/Tokyo  0 9 * * *", &Utc).is_ok());
         assert!(parse("CRON_TZ=UTC @daily", &Utc).is_ok());
     }
@@ -388,14 +399,23 @@ mod tests {
         let table: &[(&str, &str)] = &[
             ("", "empty spec string"),
             ("* * * *", "expected exactly 5 fields, found 4: [* * * *]"),
-            ("0 0 0 * * *", "expected exactly 5 fields, found 6: [0 0 0 * * *]"),
+            (
+                "0 0 0 * * *",
+                "expected exactly 5 fields, found 6: [0 0 0 * * *]",
+            ),
             ("* * * * 7", "end of range (7) above maximum (6): 7"),
             ("60 * * * *", "end of range (60) above maximum (59): 60"),
             ("* * 0 * *", "beginning of range (0) below minimum (1): 0"),
-            ("5-1 * * * *", "beginning of range (5) beyond end of range (1): 5-1"),
+            (
+                "5-1 * * * *",
+                "beginning of range (5) beyond end of range (1): 5-1",
+            ),
             ("1-2-3 * * * *", "too many hyphens: 1-2-3"),
             ("*/2/3 * * * *", "too many slashes: */2/3"),
-            ("*/0 * * * *", "step of range should be a positive number: */0"),
+            (
+                "*/0 * * * *",
+                "step of range should be a positive number: */0",
+            ),
             ("*/-1 * * * *", "negative number (-1) not allowed: -1"),
             (
                 "x * * * *",

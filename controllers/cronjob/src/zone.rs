@@ -344,9 +344,7 @@ fn run_times_on(f: &Fields, zone: &Zone, day: i64) -> Vec<i64> {
     let midnight = day * 86_400;
     // Without a transition near this day, one offset places every wall time.
     let window = (midnight - 2 * 86_400, midnight + 3 * 86_400);
-    let steady = zone
-        .transition_after(window.0)
-        .is_none_or(|t| t > window.1);
+    let steady = zone.transition_after(window.0).is_none_or(|t| t > window.1);
     let mut out = Vec::new();
     for h in (0..24).filter(|&h| has(f.hour, h)) {
         for mi in (0..60).filter(|&mi| has(f.minute, mi)) {
@@ -414,13 +412,22 @@ mod tests {
         // running it): New York 02:30 on 2026-03-08 becomes 01:30 EST, Lord Howe 02:15 on
         // 2026-10-04 becomes 02:45 +11.
         let t = go_date(&ny, 2026, 3, 8, 2, 30, 0);
-        assert_eq!(ny.rfc3339(Timestamp::from_second(t).unwrap()), "2026-03-08T01:30:00-05:00");
+        assert_eq!(
+            ny.rfc3339(Timestamp::from_second(t).unwrap()),
+            "2026-03-08T01:30:00-05:00"
+        );
         let lh = Zone::bundled("Australia/Lord_Howe").unwrap();
         let t = go_date(&lh, 2026, 10, 4, 2, 15, 0);
-        assert_eq!(lh.rfc3339(Timestamp::from_second(t).unwrap()), "2026-10-04T02:45:00+11:00");
+        assert_eq!(
+            lh.rfc3339(Timestamp::from_second(t).unwrap()),
+            "2026-10-04T02:45:00+11:00"
+        );
         // 01:30 on 2026-11-01 exists twice: Go gives the first (EDT).
         let t = go_date(&ny, 2026, 11, 1, 1, 30, 0);
-        assert_eq!(ny.rfc3339(Timestamp::from_second(t).unwrap()), "2026-11-01T01:30:00-04:00");
+        assert_eq!(
+            ny.rfc3339(Timestamp::from_second(t).unwrap()),
+            "2026-11-01T01:30:00-04:00"
+        );
     }
 
     #[test]
@@ -431,13 +438,21 @@ mod tests {
             Zone::load("america/new_york", &utc).unwrap_err(),
             "unknown time zone america/new_york"
         );
-        assert_eq!(Zone::load("../etc", &utc).unwrap_err(), "time: invalid location name");
+        assert_eq!(
+            Zone::load("../etc", &utc).unwrap_err(),
+            "time: invalid location name"
+        );
         assert_eq!(&*Zone::load("", &utc).unwrap().name, "UTC");
         assert!(tzdata_version().starts_with("20"));
     }
 
     /// Hand-written DST vectors (CR-14..CR-16 for `Upstream`, B-12 for `Cron`), 2026 transitions.
-    fn runs(schedule: &str, zone: &str, from: &str, policy: crate::schedule::DstPolicy) -> Vec<String> {
+    fn runs(
+        schedule: &str,
+        zone: &str,
+        from: &str,
+        policy: crate::schedule::DstPolicy,
+    ) -> Vec<String> {
         let zones = crate::Zones { local: Zone::utc() };
         let s = crate::parse_for(schedule, Some(zone), &zones).unwrap();
         let mut t: Timestamp = from.parse().unwrap();
@@ -456,51 +471,101 @@ mod tests {
         // Spring forward 2026-03-08 02:00 EST -> 03:00 EDT.
         assert_eq!(
             runs("30 2 * * *", ny, "2026-03-06T12:00:00Z", Upstream),
-            ["2026-03-07T02:30:00-05:00", "2026-03-09T02:30:00-04:00", "2026-03-10T02:30:00-04:00", "2026-03-11T02:30:00-04:00"]
+            [
+                "2026-03-07T02:30:00-05:00",
+                "2026-03-09T02:30:00-04:00",
+                "2026-03-10T02:30:00-04:00",
+                "2026-03-11T02:30:00-04:00"
+            ]
         );
         assert_eq!(
             runs("30 2 * * *", ny, "2026-03-06T12:00:00Z", Cron),
-            ["2026-03-07T02:30:00-05:00", "2026-03-08T03:00:00-04:00", "2026-03-09T02:30:00-04:00", "2026-03-10T02:30:00-04:00"]
+            [
+                "2026-03-07T02:30:00-05:00",
+                "2026-03-08T03:00:00-04:00",
+                "2026-03-09T02:30:00-04:00",
+                "2026-03-10T02:30:00-04:00"
+            ]
         );
         // Fall back 2026-11-01 02:00 EDT -> 01:00 EST.
         assert_eq!(
             runs("30 1 * * *", ny, "2026-10-31T12:00:00Z", Upstream),
-            ["2026-11-01T01:30:00-04:00", "2026-11-01T01:30:00-05:00", "2026-11-02T01:30:00-05:00", "2026-11-03T01:30:00-05:00"]
+            [
+                "2026-11-01T01:30:00-04:00",
+                "2026-11-01T01:30:00-05:00",
+                "2026-11-02T01:30:00-05:00",
+                "2026-11-03T01:30:00-05:00"
+            ]
         );
         assert_eq!(
             runs("30 1 * * *", ny, "2026-10-31T12:00:00Z", Cron),
-            ["2026-11-01T01:30:00-04:00", "2026-11-02T01:30:00-05:00", "2026-11-03T01:30:00-05:00", "2026-11-04T01:30:00-05:00"]
+            [
+                "2026-11-01T01:30:00-04:00",
+                "2026-11-02T01:30:00-05:00",
+                "2026-11-03T01:30:00-05:00",
+                "2026-11-04T01:30:00-05:00"
+            ]
         );
         // Hourly keeps absolute spacing in both policies, across both changes.
         for policy in [Upstream, Cron] {
             assert_eq!(
                 runs("0 * * * *", ny, "2026-11-01T04:30:00Z", policy),
-                ["2026-11-01T01:00:00-04:00", "2026-11-01T01:00:00-05:00", "2026-11-01T02:00:00-05:00", "2026-11-01T03:00:00-05:00"]
+                [
+                    "2026-11-01T01:00:00-04:00",
+                    "2026-11-01T01:00:00-05:00",
+                    "2026-11-01T02:00:00-05:00",
+                    "2026-11-01T03:00:00-05:00"
+                ]
             );
             assert_eq!(
                 runs("0 * * * *", ny, "2026-03-08T05:30:00Z", policy),
-                ["2026-03-08T01:00:00-05:00", "2026-03-08T03:00:00-04:00", "2026-03-08T04:00:00-04:00", "2026-03-08T05:00:00-04:00"]
+                [
+                    "2026-03-08T01:00:00-05:00",
+                    "2026-03-08T03:00:00-04:00",
+                    "2026-03-08T04:00:00-04:00",
+                    "2026-03-08T05:00:00-04:00"
+                ]
             );
         }
         // A wildcard-minute schedule in the gap has nothing to catch up; in the repeated hour it
         // runs in both passes.
         assert_eq!(
             runs("*/30 2 * * *", ny, "2026-03-07T08:00:00Z", Cron),
-            ["2026-03-09T02:00:00-04:00", "2026-03-09T02:30:00-04:00", "2026-03-10T02:00:00-04:00", "2026-03-10T02:30:00-04:00"]
+            [
+                "2026-03-09T02:00:00-04:00",
+                "2026-03-09T02:30:00-04:00",
+                "2026-03-10T02:00:00-04:00",
+                "2026-03-10T02:30:00-04:00"
+            ]
         );
         assert_eq!(
             runs("*/30 1 * * *", ny, "2026-11-01T05:45:00Z", Cron),
-            ["2026-11-01T01:00:00-05:00", "2026-11-01T01:30:00-05:00", "2026-11-02T01:00:00-05:00", "2026-11-02T01:30:00-05:00"]
+            [
+                "2026-11-01T01:00:00-05:00",
+                "2026-11-01T01:30:00-05:00",
+                "2026-11-02T01:00:00-05:00",
+                "2026-11-02T01:30:00-05:00"
+            ]
         );
         // Lord Howe moves 30 minutes: 2026-10-04 02:00 +10:30 -> 02:30 +11:00.
         let lh = "Australia/Lord_Howe";
         assert_eq!(
             runs("15 2 * * *", lh, "2026-10-02T12:00:00Z", Upstream),
-            ["2026-10-03T02:15:00+10:30", "2026-10-05T02:15:00+11:00", "2026-10-06T02:15:00+11:00", "2026-10-07T02:15:00+11:00"]
+            [
+                "2026-10-03T02:15:00+10:30",
+                "2026-10-05T02:15:00+11:00",
+                "2026-10-06T02:15:00+11:00",
+                "2026-10-07T02:15:00+11:00"
+            ]
         );
         assert_eq!(
             runs("15 2 * * *", lh, "2026-10-02T12:00:00Z", Cron),
-            ["2026-10-03T02:15:00+10:30", "2026-10-04T02:30:00+11:00", "2026-10-05T02:15:00+11:00", "2026-10-06T02:15:00+11:00"]
+            [
+                "2026-10-03T02:15:00+10:30",
+                "2026-10-04T02:30:00+11:00",
+                "2026-10-05T02:15:00+11:00",
+                "2026-10-06T02:15:00+11:00"
+            ]
         );
         assert_eq!(
             runs("45 2 * * *", lh, "2026-10-03T12:00:00Z", Upstream)[0],
@@ -514,8 +579,11 @@ mod tests {
         );
         assert_eq!(
             runs("@daily", scl, "2026-09-04T12:00:00Z", Cron)[..3],
-            ["2026-09-05T00:00:00-04:00", "2026-09-06T01:00:00-03:00", "2026-09-07T00:00:00-03:00"]
+            [
+                "2026-09-05T00:00:00-04:00",
+                "2026-09-06T01:00:00-03:00",
+                "2026-09-07T00:00:00-03:00"
+            ]
         );
     }
 }
-

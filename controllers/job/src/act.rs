@@ -18,8 +18,8 @@ use serde_json::json;
 /// The API server's `MaxGeneratedNameLength` (63 − 5 random characters).
 const MAX_GENERATED_NAME_LENGTH: usize = 58;
 
-pub use shared::apierr::{error_reason, is_conflict, is_namespace_terminating, is_not_found};
 use shared::apierr::is_already_exists;
+pub use shared::apierr::{error_reason, is_conflict, is_namespace_terminating, is_not_found};
 
 pub fn controller_ref(job: &Job) -> OwnerReference {
     OwnerReference {
