@@ -154,6 +154,9 @@ struct Inner {
     /// While the cache still holds the replaced version, the next sync starts from the returned
     /// one instead of sending a write bound to conflict.
     written: Mutex<HashMap<String, (String, Arc<CronJob>)>>,
+    /// UIDs of Jobs we deleted that the cache may still hold: history cleanup skips them
+    /// instead of deleting them again (a NotFound and a FailedDelete event each time).
+    deleting: Mutex<HashMap<String, std::time::Instant>>,
     active: AtomicBool,
 }
 
@@ -180,6 +183,7 @@ pub fn init(opts: CronJobOptions) -> impl FnOnce(Setup) -> Result<Box<dyn Contro
             metrics: metrics::Metrics::register(&setup.metrics),
             warned: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
+            deleting: Mutex::new(HashMap::new()),
             active: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&inner);
@@ -275,6 +279,9 @@ impl Inner {
     }
 
     fn on_job(&self, change: &Change<Job>) {
+        if let Change::Deleted(job) = change {
+            self.deleting.lock().unwrap().remove(&uid(&job.metadata));
+        }
         if !self.leading() {
             return;
         }
@@ -369,7 +376,17 @@ impl Inner {
 
         // CR-32: history first, also while suspended or deleting.
         let mut deleted = Vec::new();
-        for job in plan::history_to_delete(&cj, &jobs) {
+        let present: Vec<&Job> = {
+            let mut deleting = self.deleting.lock().unwrap();
+            // The cache normally reports the deletion within a second; five minutes bounds
+            // the memory should a deletion never be observed.
+            deleting.retain(|_, at| at.elapsed() < Duration::from_secs(300));
+            jobs.iter()
+                .copied()
+                .filter(|j| !deleting.contains_key(&uid(&j.metadata)))
+                .collect()
+        };
+        for job in plan::history_to_delete(&cj, &present) {
             if self.delete_job(&cj, job).await.is_ok() {
                 deleted.push(uid(&job.metadata));
                 changed = true;
@@ -645,10 +662,16 @@ impl Inner {
             propagation_policy: Some(PropagationPolicy::Background),
             ..Default::default()
         };
-        match Api::<Job>::namespaced(self.client.clone(), ns)
+        let result = Api::<Job>::namespaced(self.client.clone(), ns)
             .delete(name, &dp)
-            .await
-        {
+            .await;
+        if result.as_ref().is_ok() || result.as_ref().is_err_and(is_not_found) {
+            self.deleting
+                .lock()
+                .unwrap()
+                .insert(uid(&job.metadata), std::time::Instant::now());
+        }
+        match result {
             Ok(_) => {
                 self.emit(
                     cj,
