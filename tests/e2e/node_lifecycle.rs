@@ -1,4 +1,4 @@
-//! End-to-end tests of `node-lifecycle-controller` (spec §2, scenarios N1..N4, N6), with the
+//! End-to-end tests of `node-lifecycle-controller` (spec §2, scenarios N1..N6, N10, N11, N14, N17), with the
 //! spec's accelerated profile (P=1s, G=10s, startup grace 20s, default tolerations 30s) and
 //! Pilothouse running both node controllers as the `kube-system/pilothouse` ServiceAccount.
 //! kube-controller-manager has both turned off. Each test owns its zone and nodes; the three
@@ -16,7 +16,9 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use pilothouse_tests::cluster::ClusterOptions;
 use pilothouse_tests::harness::{SuitePilothouse, cluster, trial};
-use pilothouse_tests::k8s::{self, deleted, pod_on_node};
+use pilothouse_tests::k8s::{
+    self, deleted, no_execute_added, node_condition as condition, pod_on_node, since, until,
+};
 use pilothouse_tests::{unique, wait};
 use serde_json::json;
 use std::time::Duration;
@@ -91,29 +93,6 @@ fn has_taint(node: &Node, key: &str, effect: &str) -> bool {
     k8s::taints(node)
         .iter()
         .any(|t| t.key == key && t.effect == effect)
-}
-
-fn condition(node: &Node, t: &str) -> Option<(String, String)> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == t)
-        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
-}
-
-/// Wall-clock time until `deadline` (negative → zero).
-fn until(deadline: Timestamp) -> Duration {
-    Timestamp::now()
-        .duration_until(deadline)
-        .try_into()
-        .unwrap_or(Duration::ZERO)
-}
-
-/// Seconds from `e` to now (negative if before).
-fn since(e: Timestamp) -> f64 {
-    e.duration_until(Timestamp::now()).as_secs_f64()
 }
 
 /// N1: heartbeat loss. Conditions Unknown, NodeNotReady, the pod NotReady, both unreachable
@@ -418,6 +397,97 @@ async fn n4_ready_false() -> Result<()> {
     f.cleanup(&[&a, &b]).await
 }
 
+/// N4, the swap: a node reporting Ready=False (not-ready taints) stops renewing right after
+/// another node of its zone took the zone's only token: by E+1.5s its `not-ready` taints are
+/// `unreachable` ones, without waiting for a token, and no version of the node seen by a watch
+/// holds both NoExecute taints.
+async fn n4_swap_without_token() -> Result<()> {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let f = Fixture::new("z4s").await?;
+    let names = [
+        f.node("n4s-a").await?,
+        f.node("n4s-b").await?,
+        f.node("n4s-c").await?,
+        f.node("n4s-d").await?,
+        f.node("n4s-e").await?,
+    ];
+    let (a, b) = (&names[0], &names[1]);
+    let patch = json!({"metadata": {"labels": {"pilothouse.test/not-ready": "true"}}});
+    f.nodes
+        .patch(a, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    wait::until(
+        "not-ready NoExecute",
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async { Ok(has_taint(&f.get(a).await?, NOT_READY, "NoExecute").then_some(())) },
+    )
+    .await?;
+    // Every version of a, as a watch delivers them.
+    let both = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = {
+        let both = both.clone();
+        let api = f.nodes.clone();
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={a}"));
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, cfg));
+            while let Some(Ok(e)) = events.next().await {
+                if let watcher::Event::Apply(n) | watcher::Event::InitApply(n) = e
+                    && has_taint(&n, NOT_READY, "NoExecute")
+                    && has_taint(&n, UNREACHABLE, "NoExecute")
+                {
+                    both.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    // b fails first and takes the token at its expiry; a fails 2.5 s later, so its expiry
+    // falls while the bucket (0.1/s, burst 1) is empty.
+    let eb = f.fail(b).await? + GRACE;
+    let ea = f.fail(a).await? + GRACE;
+    let tb = wait::until(
+        "b tainted unreachable:NoExecute",
+        until(eb) + Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async { no_execute_added(&f.nodes, b, UNREACHABLE).await },
+    )
+    .await?;
+    wait::until(
+        "a swapped to unreachable",
+        until(ea) + Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async {
+            let n = f.get(a).await?;
+            Ok((has_taint(&n, UNREACHABLE, "NoExecute")
+                && has_taint(&n, UNREACHABLE, "NoSchedule")
+                && !has_taint(&n, NOT_READY, "NoExecute")
+                && !has_taint(&n, NOT_READY, "NoSchedule"))
+            .then_some(()))
+        },
+    )
+    .await?;
+    let took = since(ea);
+    let after_b = tb.duration_until(Timestamp::now()).as_secs_f64();
+    println!(
+        "MEASURE n4 swap: unreachable on a {took:.3}s after its E ({after_b:.1}s after b took the token)"
+    );
+    ensure!(took <= TOLERANCE.as_secs_f64(), "swap {took:.3}s after E");
+    ensure!(
+        after_b < 9.0,
+        "the swap came {after_b:.1}s after b's taint: a token may have been waited for"
+    );
+    // Let a late duplicate version arrive before judging.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    watch.abort();
+    ensure!(
+        !both.load(std::sync::atomic::Ordering::SeqCst),
+        "a version held both NoExecute taints"
+    );
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    f.cleanup(&refs).await
+}
+
 /// N6 (node side): after recovery both unreachable taints go within 1.5 s of the renewed Lease
 /// being seen.
 async fn n6_recovery_removes_taints() -> Result<()> {
@@ -456,16 +526,6 @@ async fn n6_recovery_removes_taints() -> Result<()> {
     println!("MEASURE n6: unreachable taints removed {took:.3}s after the renewal was seen");
     ensure!(took <= TOLERANCE.as_secs_f64(), "{took:.3}s");
     f.cleanup(&[&a, &b]).await
-}
-
-/// `timeAdded` of a node's NoExecute taint `key`.
-async fn no_execute_added(nodes: &Api<Node>, name: &str, key: &str) -> Result<Option<Timestamp>> {
-    let n = nodes.get(name).await?;
-    Ok(k8s::taints(&n)
-        .into_iter()
-        .find(|t| t.key == key && t.effect == "NoExecute")
-        .and_then(|t| t.time_added)
-        .map(|t| t.0))
 }
 
 async fn zone_metric(name: &str, zone: &str) -> Result<Option<f64>> {
@@ -555,6 +615,23 @@ async fn n10_normal_zone_rate() -> Result<()> {
     ensure!(zone_metric("node_collector_zone_size", &zone).await? == Some(10.0));
     ensure!(zone_metric("node_collector_zone_health", &zone).await? == Some(70.0));
     ensure!(zone_metric("node_collector_unhealthy_nodes_in_zone", &zone).await? == Some(3.0));
+    // B-2's detection latency is recorded per kind (other tests add samples too), and full
+    // passes are timed.
+    let ph = pilothouse_tests::harness::pilothouse();
+    for kind in ["condition", "noschedule", "noexecute"] {
+        let count = ph
+            .metric(&format!(
+                "pilothouse_node_lifecycle_detection_latency_seconds_count{{kind=\"{kind}\"}}"
+            ))
+            .await?
+            .unwrap_or(0.0);
+        ensure!(count >= 3.0, "{count} detection samples of kind {kind}");
+    }
+    let passes = ph
+        .metric("node_collector_update_all_nodes_health_duration_seconds_count")
+        .await?
+        .unwrap_or(0.0);
+    ensure!(passes >= 1.0, "no full pass timed");
     for n in &names {
         k8s::delete_node(&client, n).await?;
     }
@@ -858,6 +935,7 @@ fn main() {
         trial("n2_lease_only_node", n2_lease_only_node),
         trial("n3_startup_grace", n3_startup_grace),
         trial("n4_ready_false", n4_ready_false),
+        trial("n4_swap_without_token", n4_swap_without_token),
         trial("n6_recovery_removes_taints", n6_recovery_removes_taints),
         trial("n5_condition_taints", n5_condition_taints),
         trial("n10_normal_zone_rate", n10_normal_zone_rate),

@@ -4,6 +4,7 @@ use crate::wait;
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount, Taint};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -182,4 +183,41 @@ pub fn accelerated_node_args(controllers: &str) -> Vec<String> {
         "--node-startup-grace-period=20s".to_string(),
     ]
     .to_vec()
+}
+
+/// A node condition's (status, reason).
+pub fn node_condition(node: &Node, t: &str) -> Option<(String, String)> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+/// `timeAdded` of a node's NoExecute taint `key`.
+pub async fn no_execute_added(
+    nodes: &Api<Node>,
+    name: &str,
+    key: &str,
+) -> Result<Option<Timestamp>> {
+    Ok(taints(&nodes.get(name).await?)
+        .into_iter()
+        .find(|t| t.key == key && t.effect == "NoExecute")
+        .and_then(|t| t.time_added)
+        .map(|t| t.0))
+}
+
+/// Wall-clock time until `deadline` (zero once past).
+pub fn until(deadline: Timestamp) -> Duration {
+    Timestamp::now()
+        .duration_until(deadline)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Seconds from `t` to now (negative if `t` is ahead).
+pub fn since(t: Timestamp) -> f64 {
+    t.duration_until(Timestamp::now()).as_secs_f64()
 }

@@ -97,13 +97,27 @@ struct ZoneLabel {
     zone: String,
 }
 
+/// What a detection-latency sample timed: the Unknown conditions, the `unreachable:NoSchedule`
+/// taint, or the NoExecute taint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+fn detection_histogram() -> Histogram {
+    Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0])
+}
+
 struct Metrics {
     zone_health: Family<ZoneLabel, FloatGauge>,
     zone_size: Family<ZoneLabel, Gauge>,
     unhealthy: Family<ZoneLabel, Gauge>,
     evictions: Family<ZoneLabel, Counter>,
     node_health_duration: Histogram,
+    all_nodes_duration: Histogram,
     queue_depth: Family<ZoneLabel, Gauge>,
+    /// B-2: grace expiry → write accepted, token waits excluded.
+    detection: Family<KindLabel, Histogram, fn() -> Histogram>,
 }
 
 impl Metrics {
@@ -114,7 +128,9 @@ impl Metrics {
             unhealthy: Family::default(),
             evictions: Family::default(),
             node_health_duration: Histogram::new(exponential_buckets(0.001, 4.0, 8)),
+            all_nodes_duration: Histogram::new(exponential_buckets(0.01, 4.0, 8)),
             queue_depth: Family::default(),
+            detection: Family::new_with_constructor(detection_histogram),
         };
         r.register(
             "node_collector_zone_health",
@@ -138,6 +154,16 @@ impl Metrics {
             m.node_health_duration.clone(),
         );
         r.register(
+            "node_collector_update_all_nodes_health_duration_seconds",
+            "Duration in seconds for NodeController to update the health of all nodes",
+            m.all_nodes_duration.clone(),
+        );
+        r.register(
+            "pilothouse_node_lifecycle_detection_latency_seconds",
+            "Seconds from a node's grace expiry to the accepted write of its Unknown conditions, unreachable NoSchedule taint or NoExecute taint, zone-token waits excluded",
+            m.detection.clone(),
+        );
+        r.register(
             "pilothouse_node_lifecycle_taint_queue_depth",
             "Nodes waiting for a zone token",
             m.queue_depth.clone(),
@@ -157,6 +183,8 @@ struct Health {
     zone: String,
     /// Labelled `node.kubernetes.io/exclude-disruption` (left out of zone statistics).
     excluded: bool,
+    /// When the grace period of the current outage ran out (for detection latency).
+    expired: Option<Instant>,
 }
 
 impl Health {
@@ -184,6 +212,9 @@ struct Inner {
     zones: Mutex<BTreeMap<String, Zone>>,
     /// Every zone fully disrupted (master disruption mode, NL-14).
     all_full: AtomicBool,
+    /// The full pass under way: when it started and the nodes it queued that are not yet
+    /// evaluated (`node_collector_update_all_nodes_health_duration_seconds`).
+    pass: Mutex<Option<(Instant, std::collections::HashSet<String>)>>,
     client: Client,
     events: EventRecorder,
     metrics: Metrics,
@@ -229,6 +260,7 @@ pub fn init(
             health: Mutex::new(HashMap::new()),
             zones: Mutex::new(BTreeMap::new()),
             all_full: AtomicBool::new(false),
+            pass: Mutex::new(None),
             events: EventRecorder::new(setup.events_client.clone(), EVENT_SOURCE, &setup.identity),
             client: setup.client,
             metrics: Metrics::register(&setup.metrics),
@@ -347,10 +379,44 @@ impl Inner {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            for n in self.nodes.list() {
-                self.queue.add(n.name_any());
+            let names: std::collections::HashSet<String> =
+                self.nodes.list().iter().map(|n| n.name_any()).collect();
+            {
+                // One pass is timed at a time: a pass that outlasts the period absorbs the next.
+                let mut pass = self.pass.lock().expect("pass lock");
+                if pass.is_none() && !names.is_empty() {
+                    *pass = Some((Instant::now(), names.clone()));
+                }
+            }
+            for n in names {
+                self.queue.add(n);
             }
         }
+    }
+
+    /// `name` has been evaluated: the timed full pass ends with its last node.
+    fn evaluated(&self, name: &str) {
+        let mut pass = self.pass.lock().expect("pass lock");
+        if let Some((started, pending)) = pass.as_mut() {
+            pending.remove(name);
+            if pending.is_empty() {
+                self.metrics
+                    .all_nodes_duration
+                    .observe(started.elapsed().as_secs_f64());
+                *pass = None;
+            }
+        }
+    }
+
+    /// A detection-latency sample: `since` (a grace expiry) to now, less `excluded`.
+    fn detected(&self, kind: &'static str, since: Instant, excluded: Duration) {
+        let latency = Instant::now()
+            .saturating_duration_since(since)
+            .saturating_sub(excluded);
+        self.metrics
+            .detection
+            .get_or_create(&KindLabel { kind })
+            .observe(latency.as_secs_f64());
     }
 
     fn rates(&self) -> Rates {
@@ -426,6 +492,7 @@ impl Inner {
                         ready: plan::ready_status(node).map(Into::into),
                         zone: plan::zone_key(node),
                         excluded: plan::excluded_from_disruption(node),
+                        expired: None,
                     },
                 );
                 (probe, true)
@@ -455,6 +522,7 @@ impl Inner {
                 z.queue.retain(|(n, _)| n != name);
             }
             self.recompute_zones().await;
+            self.evaluated(name);
             return Ok(Next::Done);
         };
         let counted = self
@@ -480,6 +548,9 @@ impl Inner {
         let due = probe + grace;
         let mut node: Node = (*node).clone();
         let stale = now > due;
+        if let Some(h) = self.health.lock().expect("health lock").get_mut(name) {
+            h.expired = if stale { h.expired.or(Some(due)) } else { None };
+        }
         if stale {
             let before = plan::ready_status(&node).map(String::from);
             // Count the node as Unknown in its zone at once (NL-5): the status write below may be
@@ -495,6 +566,7 @@ impl Inner {
                 self.recompute_zones().await;
             }
             if let Some(updated) = self.write_stale_conditions(&node).await? {
+                self.detected("condition", due, Duration::ZERO);
                 node = updated;
                 if before.as_deref() == Some("True") {
                     self.node_not_ready(&node).await;
@@ -508,6 +580,9 @@ impl Inner {
         let change = plan::no_schedule_change(&node);
         if !change.is_empty() {
             node = self.write_taints(&node, plan::no_schedule_change).await?;
+            if stale && change.add.iter().any(|t| t.key == plan::UNREACHABLE) {
+                self.detected("noschedule", due, Duration::ZERO);
+            }
         }
         // NL-9: NoExecute taints.
         if plan::ready_status(&node).is_some() && !self.all_full.load(Ordering::Acquire) {
@@ -520,6 +595,9 @@ impl Inner {
                             _ => TaintChange::default(),
                         })
                         .await?;
+                    if stale {
+                        self.detected("noexecute", due, Duration::ZERO);
+                    }
                 }
                 NoExecuteStep::Clear(c) => {
                     self.dequeue(name);
@@ -550,6 +628,7 @@ impl Inner {
         self.metrics
             .node_health_duration
             .observe(started.elapsed().as_secs_f64());
+        self.evaluated(name);
         Ok(if stale {
             Next::Done
         } else {
@@ -748,6 +827,22 @@ impl Inner {
                             .evictions
                             .get_or_create(&ZoneLabel { zone: zone.clone() })
                             .inc();
+                        let expired = self
+                            .health
+                            .lock()
+                            .expect("health lock")
+                            .get(&name)
+                            .and_then(|h| h.expired);
+                        if let Some(expired) = expired {
+                            // Past its batch window and the pass that follows it, a queued
+                            // node was waiting for the zone's token.
+                            let eligible = queued_at + BATCH_WINDOW + TAINT_PASS;
+                            self.detected(
+                                "noexecute",
+                                expired,
+                                now.saturating_duration_since(eligible),
+                            );
+                        }
                         tracing::info!(node = %name, "added NoExecute taint");
                     }
                     Err(e) => {
