@@ -6,8 +6,8 @@
 //!       [--pairs N] [--scale F] [--qps Q --burst B] [--out DIR]
 //!
 //! Without `--qps`/`--burst` every workload runs at upstream's defaults (20/30) and `job-burst`
-//! and `cronjob-minutely` also at 200/400. Without `--pairs`: 3 pairs for the Job workloads,
-//! 1 for `cronjob-minutely` (each run lasts about seven minutes of real clock).
+//! and `cronjob-minutely` also at 200/400. Without `--pairs`: 1 pair for `cronjob-minutely` and
+//! `idle-scale` (each run lasts several minutes of real clock), 3 for the others.
 
 use anyhow::{Context, Result, bail};
 use pilothouse_tests::bench::{self, Profile, WORKLOADS, Workload};
@@ -30,8 +30,13 @@ const HIGH: Profile = Profile {
 /// The (workload, profile, pairs) runs `a` asks for.
 fn plan(a: &Args) -> Vec<(&'static str, Profile, usize)> {
     let pairs = |w: &str| {
+        // The long real-clock workloads run one pair unless told otherwise.
         a.pairs
-            .unwrap_or(if w == "cronjob-minutely" { 1 } else { 3 })
+            .unwrap_or(if matches!(w, "cronjob-minutely" | "idle-scale") {
+                1
+            } else {
+                3
+            })
     };
     let mut out = Vec::new();
     for &w in &a.workloads {
@@ -116,40 +121,70 @@ fn machine() -> String {
     )
 }
 
+/// The results page: a header, then every section file present in `out`, in workload order,
+/// then the hand-written notes (`NOTES.md`) if any. Each section is one workload at one profile,
+/// written by the run that measured it, so a run of some workloads keeps the others' results.
+fn assemble(out: &std::path::Path) -> Result<String> {
+    let version =
+        std::fs::read_to_string(pilothouse_tests::repo_root().join("tests/cluster/versions.env"))?;
+    let version = version
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBERNETES_VERSION="))
+        .unwrap_or("?");
+    let mut page = format!(
+        "# Benchmark results\n\nKubernetes {version} (kube-controller-manager running only the controllers under test, in a process of its own); Pilothouse release build. Both sides get the same `--kube-api-qps`/`--kube-api-burst`. Ratios are Pilothouse / upstream (lower is better), the median of per-pair ratios. Each section names the command and machine that produced it.\n\n"
+    );
+    for w in WORKLOADS {
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(out)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{w}-qps")) && n.ends_with(".md"))
+            })
+            .collect();
+        // qps20 before qps200.
+        files.sort_by_key(|p| p.to_string_lossy().len());
+        for f in files {
+            page.push_str(&std::fs::read_to_string(f)?);
+            page.push('\n');
+        }
+    }
+    if let Ok(notes) = std::fs::read_to_string(out.join("NOTES.md")) {
+        page.push_str(&notes);
+    }
+    Ok(page)
+}
+
 fn main() -> Result<()> {
     let args = parse()?;
     let command: Vec<String> = std::env::args().collect();
     println!("command: {}", command.join(" "));
     let rt = tokio::runtime::Runtime::new()?;
     std::fs::create_dir_all(&args.out)?;
-    let mut report = format!(
-        "# Benchmark results\n\nCommand: `{}`\n\nMachine: {}\n\nKubernetes {} (kube-controller-manager running only the controllers under test, in a process of its own); Pilothouse release build. Both sides get the same `--kube-api-qps`/`--kube-api-burst`. Ratios are Pilothouse / upstream (lower is better), the median of per-pair ratios.\n\n",
-        command.join(" "),
-        machine(),
-        std::fs::read_to_string(pilothouse_tests::repo_root().join("tests/cluster/versions.env"))?
-            .lines()
-            .find_map(|l| l.strip_prefix("KUBERNETES_VERSION="))
-            .unwrap_or("?")
-    );
+    let machine = machine();
     for (name, profile, pairs) in plan(&args) {
         let w = Workload {
             name,
             scale: args.scale,
         };
+        let started = std::time::Instant::now();
         let runs = rt.block_on(bench::run_pairs(&w, profile, pairs, &mut |l| {
             println!("{l}")
         }))?;
         let table = bench::table(&w, profile, &runs);
         println!("\n{table}");
-        let file = format!("{name}-qps{}.svg", profile.qps);
-        bench::plot(&args.out.join(&file), &w, &runs)?;
-        report.push_str(&table);
-        report.push_str(&format!("\n![{name}]({file})\n\n"));
+        let stem = format!("{name}-qps{}", profile.qps);
+        bench::plot(&args.out.join(format!("{stem}.svg")), &w, &runs)?;
+        let section = format!(
+            "{table}\n![{name}]({stem}.svg)\n\nCommand: `{}` ({:.0} min for this workload and profile). Machine: {machine}.\n",
+            command.join(" "),
+            started.elapsed().as_secs_f64() / 60.0
+        );
         // Written after every workload, so a long run that fails late keeps what it measured.
-        std::fs::write(args.out.join("README.md"), &report)?;
+        std::fs::write(args.out.join(format!("{stem}.md")), section)?;
+        std::fs::write(args.out.join("README.md"), assemble(&args.out)?)?;
     }
-    let md = args.out.join("README.md");
-    std::fs::write(&md, &report)?;
-    println!("wrote {}", md.display());
+    println!("wrote {}", args.out.join("README.md").display());
     Ok(())
 }

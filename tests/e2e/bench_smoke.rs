@@ -1,5 +1,5 @@
-//! The benchmark harness's smoke run for CI (issue 6): job-burst at 1 % size, one pair, both
-//! sides, against real control planes. Checks the harness measures something on both sides,
+//! The benchmark harness's smoke run for CI (issue 6): job-burst at 1 % size and node-outage at
+//! 5 % (10 nodes with 10 pods each, one failing), one pair each, both sides, against real control planes. Checks the harness measures something on both sides,
 //! that both ended in the same state, and that the table and plot are produced. Numbers at this
 //! size say nothing about performance and are not reported as results.
 
@@ -60,11 +60,47 @@ async fn smoke() -> Result<()> {
     Ok(())
 }
 
+/// node-outage at 5 %: one zone of 10 nodes with 10 pods each; one node fails; its 10 pods are
+/// deleted on both sides and the latencies from grace expiry are measured.
+async fn smoke_node_outage() -> Result<()> {
+    bench::use_binary(pilothouse_tests::pilothouse::binary()?);
+    let w = Workload {
+        name: "node-outage",
+        scale: 0.05,
+    };
+    let p = Profile { qps: 20, burst: 30 };
+    let runs = bench::run_pairs(&w, p, 1, &mut |l| println!("{l}")).await?;
+    for (side, r) in &runs {
+        let extra = |k: &str| r.extra.get(k).copied().unwrap_or(f64::NAN);
+        ensure!(
+            extra("evictions (pods deleted)") == 10.0 && extra("nodes tainted NoExecute") == 1.0,
+            "{side:?}: {:?}",
+            r.extra
+        );
+        // Measured from grace expiry: neither side can taint before it, nor (with a 5 s
+        // monitor period at most) more than a few seconds after.
+        let taint = extra("taint after grace expiry max (s)");
+        ensure!((0.0..15.0).contains(&taint), "{side:?}: taint at {taint}");
+        ensure!(
+            r.requests.get("patch").copied().unwrap_or(0) >= 1,
+            "{side:?} node or pod patches not attributed: {:?}",
+            r.requests
+        );
+        // 10 nodes and their 100 pods.
+        ensure!(r.state.len() == 110, "{side:?}: {} objects", r.state.len());
+    }
+    println!("{}", bench::table(&w, p, &runs));
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     libtest_mimic::run(
         &args,
-        vec![trial("bench_smoke_job_burst", || Box::pin(smoke()))],
+        vec![
+            trial("bench_smoke_job_burst", || Box::pin(smoke())),
+            trial("bench_smoke_node_outage", || Box::pin(smoke_node_outage())),
+        ],
     )
     .exit()
 }

@@ -1,6 +1,6 @@
 //! An in-test heartbeat writer: nodes outside kwok whose Ready condition is posted once and
-//! whose Leases the test renews every 2 s (as kwok does here), so a set of nodes can fail "in one tick" (their
-//! last renewals coincide) and recover on demand.
+//! whose Leases the test renews every 2 s (as kwok does here; benchmarks use a kubelet's 10 s), so
+//! a set of nodes can fail "in one tick" (their last renewals coincide) and recover on demand.
 
 use anyhow::Result;
 use futures::future::join_all;
@@ -24,10 +24,16 @@ pub struct Heartbeats {
     /// The renewTime each Lease was created with.
     created: Mutex<BTreeMap<String, Timestamp>>,
     stop: CancellationToken,
+    interval: Duration,
 }
 
 impl Heartbeats {
     pub fn start(client: Client) -> Heartbeats {
+        Heartbeats::every(client, Duration::from_secs(2))
+    }
+
+    /// Renews every `interval` (a kubelet renews its 40 s Lease every 10 s).
+    pub fn every(client: Client, interval: Duration) -> Heartbeats {
         let alive: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         let last: Arc<Mutex<BTreeMap<String, Timestamp>>> = Arc::default();
         let stop = CancellationToken::new();
@@ -39,7 +45,7 @@ impl Heartbeats {
         );
         tokio::spawn(async move {
             let leases: Api<Lease> = Api::namespaced(c, "kube-node-lease");
-            let mut tick = tokio::time::interval(Duration::from_secs(2));
+            let mut tick = tokio::time::interval(interval);
             loop {
                 tokio::select! {
                     _ = s.cancelled() => return,
@@ -69,6 +75,7 @@ impl Heartbeats {
             last,
             created: Mutex::default(),
             stop,
+            interval,
         }
     }
 
@@ -122,7 +129,7 @@ impl Heartbeats {
     /// Stops renewing `names` right after a tick that renewed all of them, so their last
     /// renewals coincide (a Lease's creation is not such a tick); returns that renewal time.
     pub async fn fail(&self, names: &[String]) -> Timestamp {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + self.interval * 2 + Duration::from_secs(1);
         loop {
             let times: BTreeSet<Timestamp> = {
                 let last = self.last.lock().expect("last lock");

@@ -21,6 +21,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::time::Instant;
 
+mod nodes;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Side {
     Upstream,
@@ -43,12 +45,26 @@ pub struct Workload {
     pub scale: f64,
 }
 
-pub const WORKLOADS: &[&str] = &["job-burst", "job-failures", "cronjob-minutely"];
+pub const WORKLOADS: &[&str] = &[
+    "job-burst",
+    "job-failures",
+    "cronjob-minutely",
+    "node-outage",
+    "idle-scale",
+];
 
 /// The kube-controller-manager controllers a workload exercises: both sides run exactly these.
 fn controllers_of(workload: &str) -> Vec<&'static str> {
     match workload {
         "cronjob-minutely" => vec!["cronjob-controller", "job-controller"],
+        "node-outage" => vec!["node-lifecycle-controller", "taint-eviction-controller"],
+        // Every controller Pilothouse has built, on both sides.
+        "idle-scale" => vec![
+            "job-controller",
+            "cronjob-controller",
+            "node-lifecycle-controller",
+            "taint-eviction-controller",
+        ],
         _ => vec!["job-controller"],
     }
 }
@@ -82,6 +98,9 @@ struct Outcome {
     extra: BTreeMap<String, f64>,
     /// When the first object was created (requests are counted from here).
     since: k8s_openapi::jiff::Timestamp,
+    /// CPU seconds of the process under test over the part that counts, when that is not the
+    /// whole workload (idle-scale measures its idle window only).
+    cpu_seconds: Option<f64>,
 }
 
 impl RunResult {
@@ -340,7 +359,12 @@ pub async fn run_once(
         &unique(&format!("bench-{}-{}", w.name, side.name())),
         ClusterOptions {
             replace: Some(controllers.clone()),
-            nodes: 3,
+            // The node workloads bring nodes of their own, whose Leases they control.
+            nodes: if matches!(w.name, "node-outage" | "idle-scale") {
+                0
+            } else {
+                3
+            },
             ..Default::default()
         },
     )?;
@@ -361,9 +385,14 @@ pub async fn run_once(
     let cpu0 = cpu_seconds(pid)?;
     let o = match w.name {
         "cronjob-minutely" => cronjob_minutely(&client, ns, w).await?,
+        "node-outage" => nodes::node_outage(&client, ns, w.scale).await?,
+        "idle-scale" => nodes::idle_scale(&client, ns, w.scale, pid).await?,
         _ => job_workload(&client, ns, w).await?,
     };
-    let cpu_seconds = cpu_seconds(pid)? - cpu0;
+    let cpu_seconds = match o.cpu_seconds {
+        Some(c) => c,
+        None => cpu_seconds(pid)? - cpu0,
+    };
     let peak_rss_mib = peak_rss_mib(pid)?;
     // The audit log is written in batches: give it a moment.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -427,6 +456,7 @@ async fn job_workload(client: &Client, ns: &str, w: &Workload) -> Result<Outcome
         state: digest(client, ns).await?,
         extra: BTreeMap::new(),
         since,
+        cpu_seconds: None,
     })
 }
 
@@ -646,6 +676,7 @@ async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Out
         state,
         extra,
         since,
+        cpu_seconds: None,
     })
 }
 
