@@ -194,6 +194,14 @@ impl Health {
     }
 }
 
+/// This controller's writes to one node: the resourceVersions they replaced and the node the
+/// latest one returned. While the cache still holds a replaced version, the returned node is the
+/// freshest copy known, and a write from it needs no read first.
+struct Written {
+    replaced: Vec<String>,
+    last: Node,
+}
+
 struct Zone {
     limiter: ZoneLimiter,
     /// FIFO set of nodes waiting for a token, with when each was queued.
@@ -215,6 +223,8 @@ struct Inner {
     /// The full pass under way: when it started and the nodes it queued that are not yet
     /// evaluated (`node_collector_update_all_nodes_health_duration_seconds`).
     pass: Mutex<Option<(Instant, std::collections::HashSet<String>)>>,
+    /// Our own writes to each node that the cache may not show yet.
+    written: Mutex<HashMap<String, Written>>,
     client: Client,
     events: EventRecorder,
     metrics: Metrics,
@@ -261,6 +271,7 @@ pub fn init(
             zones: Mutex::new(BTreeMap::new()),
             all_full: AtomicBool::new(false),
             pass: Mutex::new(None),
+            written: Mutex::new(HashMap::new()),
             events: EventRecorder::new(setup.events_client.clone(), EVENT_SOURCE, &setup.identity),
             client: setup.client,
             metrics: Metrics::register(&setup.metrics),
@@ -800,58 +811,61 @@ impl Inner {
                     }
                 }
             }
-            let api: Api<Node> = Api::all(self.client.clone());
-            for (zone, name, queued_at) in picks {
-                // Fresh read: the cache may not yet hold this controller's own latest write to
-                // the node, and a stale resourceVersion costs a conflict and its backoff.
-                let node = match api.get_opt(&name).await {
-                    Ok(Some(n)) => n,
-                    Ok(None) => continue,
-                    Err(e) => {
-                        tracing::warn!(node = %name, error = %e, "reading node before tainting; retrying");
-                        if let Some(z) = self.zones.lock().expect("zones lock").get_mut(&zone) {
-                            z.queue.push_front((name, queued_at));
-                        }
-                        continue;
-                    }
-                };
-                if plan::tainting_change(&node).is_none() {
-                    continue;
+            // Each pick waits only for its own requests: with many zones tainting at once (a
+            // node per zone), serving them one after another would queue each behind all the
+            // others' reads and writes in the client's bucket.
+            futures::future::join_all(
+                picks
+                    .into_iter()
+                    .map(|(zone, name, queued_at)| self.taint(zone, name, queued_at, now)),
+            )
+            .await;
+        }
+    }
+
+    /// NL-11: one queued node that got its zone's token at `picked`.
+    async fn taint(&self, zone: String, name: String, queued_at: Instant, picked: Instant) {
+        // The cache may not yet hold this controller's own latest write to the node (its
+        // conditions and NoSchedule taint, a moment ago): start from what that write returned,
+        // so no read is spent and no conflict is bound to happen. A conflict re-reads.
+        let Some(node) = self.freshest(&name) else {
+            return;
+        };
+        if plan::tainting_change(&node).is_none() {
+            return;
+        }
+        match self
+            .write_taints(&node, |n| plan::tainting_change(n).unwrap_or_default())
+            .await
+        {
+            Ok(_) => {
+                self.metrics
+                    .evictions
+                    .get_or_create(&ZoneLabel { zone: zone.clone() })
+                    .inc();
+                let expired = self
+                    .health
+                    .lock()
+                    .expect("health lock")
+                    .get(&name)
+                    .and_then(|h| h.expired);
+                if let Some(expired) = expired {
+                    // Past its batch window and the pass that follows it, a queued node was
+                    // waiting for the zone's token.
+                    let eligible = queued_at + BATCH_WINDOW + TAINT_PASS;
+                    self.detected(
+                        "noexecute",
+                        expired,
+                        picked.saturating_duration_since(eligible),
+                    );
                 }
-                match self
-                    .write_taints(&node, |n| plan::tainting_change(n).unwrap_or_default())
-                    .await
-                {
-                    Ok(_) => {
-                        self.metrics
-                            .evictions
-                            .get_or_create(&ZoneLabel { zone: zone.clone() })
-                            .inc();
-                        let expired = self
-                            .health
-                            .lock()
-                            .expect("health lock")
-                            .get(&name)
-                            .and_then(|h| h.expired);
-                        if let Some(expired) = expired {
-                            // Past its batch window and the pass that follows it, a queued
-                            // node was waiting for the zone's token.
-                            let eligible = queued_at + BATCH_WINDOW + TAINT_PASS;
-                            self.detected(
-                                "noexecute",
-                                expired,
-                                now.saturating_duration_since(eligible),
-                            );
-                        }
-                        tracing::info!(node = %name, "added NoExecute taint");
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = %name, error = %e, "NoExecute tainting failed; retrying");
-                        let mut zones = self.zones.lock().expect("zones lock");
-                        if let Some(z) = zones.get_mut(&zone) {
-                            z.queue.push_front((name, queued_at));
-                        }
-                    }
+                tracing::info!(node = %name, "added NoExecute taint");
+            }
+            Err(e) => {
+                tracing::warn!(node = %name, error = %e, "NoExecute tainting failed; retrying");
+                let mut zones = self.zones.lock().expect("zones lock");
+                if let Some(z) = zones.get_mut(&zone) {
+                    z.queue.push_front((name, queued_at));
                 }
             }
         }
@@ -875,7 +889,10 @@ impl Inner {
                 .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
                 .await
             {
-                Ok(n) => return Ok(Some(n)),
+                Ok(n) => {
+                    self.wrote(&current, &n);
+                    return Ok(Some(n));
+                }
                 Err(kube::Error::Api(e)) if e.code == 409 && attempt + 1 < STATUS_RETRIES => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     current = api.get(&name).await.map_err(|source| Error::Status {
@@ -915,7 +932,10 @@ impl Inner {
                 .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                 .await
             {
-                Ok(n) => return Ok(n),
+                Ok(n) => {
+                    self.wrote(&current, &n);
+                    return Ok(n);
+                }
                 Err(kube::Error::Api(e)) if e.code == 409 && attempt + 1 < STATUS_RETRIES => {
                     tokio::time::sleep(delay).await;
                     delay *= 2;
@@ -928,6 +948,51 @@ impl Inner {
             }
         }
         Err(Error::Conflicts(name))
+    }
+
+    fn wrote(&self, before: &Node, after: &Node) {
+        let Some(rv) = before.metadata.resource_version.clone() else {
+            return;
+        };
+        let mut written = self.written.lock().expect("written lock");
+        let w = written.entry(before.name_any()).or_insert_with(|| Written {
+            replaced: Vec::new(),
+            last: after.clone(),
+        });
+        // A handful of back-to-back writes at most; older ones are long in the cache.
+        if w.replaced.len() >= 8 {
+            w.replaced.remove(0);
+        }
+        w.replaced.push(rv);
+        w.last = after.clone();
+    }
+
+    /// The cached node, or the one our last write returned while the cache still holds a
+    /// version that write (or an earlier one of ours) replaced.
+    fn freshest(&self, name: &str) -> Option<Node> {
+        let cached = self.nodes.get(name);
+        let mut written = self.written.lock().expect("written lock");
+        let Some(cached) = cached else {
+            written.remove(name);
+            return None;
+        };
+        match written.get(name) {
+            Some(w)
+                if cached
+                    .metadata
+                    .resource_version
+                    .as_ref()
+                    .is_some_and(|rv| w.replaced.contains(rv)) =>
+            {
+                Some(w.last.clone())
+            }
+            Some(_) => {
+                // The cache has caught up (or someone else wrote since): it is the freshest.
+                written.remove(name);
+                Some((*cached).clone())
+            }
+            None => Some((*cached).clone()),
+        }
     }
 
     /// NL-6: the controller turned Ready from True to not-True.
