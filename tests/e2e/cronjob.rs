@@ -857,13 +857,22 @@ async fn c11_foreign_owner() -> Result<()> {
 }
 
 /// C12: a zone the API server knows but Pilothouse's bundled database lacks (the control plane's
-/// `Pilothouse/Test`): `UnknownTimeZone` and no Jobs, while another CronJob keeps firing.
+/// `Pilothouse/Test`): `UnknownTimeZone` and no Jobs, while another CronJob keeps firing. Also a
+/// schedule the API server accepts but that never fires (30 February, CR-22): `InvalidSchedule`
+/// and no Jobs.
 async fn c12_unknown_zone() -> Result<()> {
     let n = ns("c12").await?;
     n.create(&cronjob(
         "lost-zone",
         "*/1 * * * *",
         json!({"timeZone": "Pilothouse/Test"}),
+        job_template(Some(0), "1s"),
+    )?)
+    .await?;
+    n.create(&cronjob(
+        "never",
+        "0 0 30 2 *",
+        json!({}),
         job_template(Some(0), "1s"),
     )?)
     .await?;
@@ -881,11 +890,19 @@ async fn c12_unknown_zone() -> Result<()> {
         note == "invalid timeZone: \"Pilothouse/Test\": unknown time zone Pilothouse/Test",
         "{note}"
     );
+    let note = n
+        .wait_event("never", "InvalidSchedule", Duration::from_secs(20))
+        .await?;
+    ensure!(
+        note == "invalid schedule: 0 0 30 2 * : time difference between two schedules is less than 1 second",
+        "{note}"
+    );
     n.wait_jobs("fine", 2, Duration::from_secs(135)).await?;
     ensure!(
         n.jobs_of("lost-zone").await?.is_empty(),
         "jobs for an unknown zone"
     );
+    ensure!(n.jobs_of("never").await?.is_empty(), "jobs for 30 February");
     Ok(())
 }
 

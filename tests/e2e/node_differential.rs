@@ -2,8 +2,8 @@
 //! node outage (the same scenario on two fresh control planes at once, one with upstream
 //! kube-controller-manager running all its controllers, `tests/cluster/up --reference`, one with
 //! Pilothouse's node-lifecycle and taint-eviction controllers), N15, which restarts
-//! Pilothouse, N13, which needs every zone of its control plane to fail, and N12, whose 40-node
-//! outage would hold the shared suite's client budget. A binary of their own, so their extra
+//! Pilothouse, N13, which needs every zone of its control plane to fail, N12, whose 40-node
+//! outage would hold the shared suite's client budget, and N16's node-lifecycle-alone half. A binary of their own, so their extra
 //! control planes do not load the timing tests of the other suites.
 
 use anyhow::{Context, Result, bail, ensure};
@@ -576,6 +576,64 @@ async fn n12_large_zone_secondary_rate() -> Result<()> {
     Ok(())
 }
 
+/// N16, node-lifecycle alone (`--controllers=*,-taint-eviction-controller`, and
+/// kube-controller-manager's off as well): a failed node still gets its NoExecute taint, and its
+/// pod, which tolerates `unreachable` for 0 s, is left alone: nobody evicts. Operators plug in an
+/// eviction policy of their own this way (kubernetes/kubernetes#115779).
+async fn n16_node_lifecycle_alone() -> Result<()> {
+    use pilothouse_tests::heartbeat::Heartbeats;
+    let own = Cluster::up(
+        &unique("n16"),
+        ClusterOptions {
+            nodes: 0,
+            // Every controller Pilothouse has built is off in kube-controller-manager.
+            replace: None,
+            ..Default::default()
+        },
+    )?;
+    let args = k8s::accelerated_node_args("*,-taint-eviction-controller");
+    let ph = Pilothouse::spawn("n16-pilothouse", &own.kubeconfig, &own.dir, &args)?;
+    ph.wait_log(
+        "starting controller controller=\"node-lifecycle-controller\"",
+        Duration::from_secs(60),
+    )
+    .await?;
+    let client = own.client().await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let hb = Heartbeats::start(client.clone());
+    let names: Vec<String> = (0..3).map(|i| format!("n16-{i}")).collect();
+    for n in &names {
+        hb.add_node(n, "z16").await?;
+    }
+    let pods = namespace_pods(&client, "alone").await?;
+    let tol = json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0}]);
+    pods.create(&PostParams::default(), &pod_on_node("p", &names[0], tol)?)
+        .await?;
+    let e = hb.fail(&names[..1]).await + GRACE;
+    wait::until(
+        "n16-0 tainted unreachable:NoExecute",
+        until(e) + Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { unreachable_added(&nodes, &names[0]).await },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    ensure!(
+        !deleted(&pods, "p").await?,
+        "p deleted with no taint-eviction controller running"
+    );
+    ensure!(
+        !ph.log_text()
+            .contains("controller=\"taint-eviction-controller\""),
+        "taint-eviction-controller started"
+    );
+    k8s::release_pods(&client, "alone").await?;
+    drop(hb);
+    drop(ph);
+    drop(own);
+    Ok(())
+}
+
 /// Creates namespace `ns` (ready for pods) and returns its pods API.
 async fn namespace_pods(client: &Client, ns: &str) -> Result<Api<Pod>> {
     let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
@@ -628,6 +686,9 @@ fn main() {
         ),
         trial("n12_large_zone_secondary_rate", || {
             Box::pin(n12_large_zone_secondary_rate())
+        }),
+        trial("n16_node_lifecycle_alone", || {
+            Box::pin(n16_node_lifecycle_alone())
         }),
     ];
     libtest_mimic::run(&args, trials).exit()

@@ -488,20 +488,55 @@ async fn n4_swap_without_token() -> Result<()> {
     f.cleanup(&refs).await
 }
 
-/// N6 (node side): after recovery both unreachable taints go within 1.5 s of the renewed Lease
-/// being seen.
+/// N6: n6 holds pDefault (the API server's default tolerations, 30 s here), pShort (unreachable
+/// 10 s) and a DaemonSet-style pod (not-ready/unreachable without seconds). NoExecute at T,
+/// recovery at T+20s: pShort is deleted at T+10s; both unreachable taints go within 1.5 s of the
+/// renewed Lease being seen; pDefault's pending deletion is cancelled ("Cancelling deletion of
+/// Pod <ns>/pDefault"); pDefault and the DaemonSet pod are alive at T+60s.
 async fn n6_recovery_removes_taints() -> Result<()> {
     let f = Fixture::new("z6").await?;
     let a = f.node("n6-a").await?;
     let b = f.node("n6-b").await?;
+    let ns = cluster().namespace("n6").await?;
+    k8s::wait_service_account(&f.client, &ns).await?;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &ns);
+    let short = json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}]);
+    let daemon = json!([
+        {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute"},
+        {"key": NOT_READY, "operator": "Exists", "effect": "NoExecute"}
+    ]);
+    for (name, tol) in [
+        ("pdefault", json!([])),
+        ("pshort", short),
+        ("pdaemon", daemon),
+    ] {
+        pods.create(&PostParams::default(), &pod_on_node(name, &a, tol)?)
+            .await?;
+    }
     let last = f.fail(&a).await?;
-    wait::until(
+    let t = wait::until(
         "n6 tainted",
         until(last + GRACE) + Duration::from_secs(5),
         Duration::from_millis(100),
-        || async { Ok(has_taint(&f.get(&a).await?, UNREACHABLE, "NoExecute").then_some(())) },
+        || async { no_execute_added(&f.nodes, &a, UNREACHABLE).await },
     )
     .await?;
+    let short_gone = wait::until(
+        "pshort deleted",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async { Ok(deleted(&pods, "pshort").await?.then(Timestamp::now)) },
+    )
+    .await?;
+    let after = t.duration_until(short_gone).as_secs_f64();
+    println!("MEASURE n6: pshort deleted {after:.2}s after the taint (toleration 10 s)");
+    // timeAdded has whole seconds; the spec's deadlines are ±2 s.
+    ensure!(
+        (9.0..=12.5).contains(&after),
+        "pshort deleted {after:.2}s after the taint"
+    );
+    // Recovery at T+20s.
+    tokio::time::sleep(until(t + k8s_openapi::jiff::SignedDuration::from_secs(20))).await;
     f.recover(&a).await?;
     let renewed = wait::until(
         "a renewal after recovery",
@@ -525,6 +560,26 @@ async fn n6_recovery_removes_taints() -> Result<()> {
     let took = since(renewed);
     println!("MEASURE n6: unreachable taints removed {took:.3}s after the renewal was seen");
     ensure!(took <= TOLERANCE.as_secs_f64(), "{took:.3}s");
+    let cancelled = format!("Cancelling deletion of Pod {ns}/pdefault");
+    wait::until(
+        "pdefault's deletion cancelled",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let events = k8s::events(&f.client, &ns, "pdefault", "TaintManagerEviction").await?;
+            Ok(events
+                .iter()
+                .any(|e| e.note.as_deref() == Some(cancelled.as_str()))
+                .then_some(()))
+        },
+    )
+    .await?;
+    // Alive at T+60s: past pdefault's 30 s, had its deletion not been cancelled.
+    tokio::time::sleep(until(t + k8s_openapi::jiff::SignedDuration::from_secs(60))).await;
+    for p in ["pdefault", "pdaemon"] {
+        ensure!(!deleted(&pods, p).await?, "{p} deleted");
+    }
+    k8s::release_pods(&f.client, &ns).await?;
     f.cleanup(&[&a, &b]).await
 }
 
