@@ -811,15 +811,13 @@ impl Inner {
                     }
                 }
             }
-            // Each pick waits only for its own requests: with many zones tainting at once (a
-            // node per zone), serving them one after another would queue each behind all the
-            // others' reads and writes in the client's bucket.
-            futures::future::join_all(
-                picks
-                    .into_iter()
-                    .map(|(zone, name, queued_at)| self.taint(zone, name, queued_at, now)),
-            )
-            .await;
+            // Each pick is a task of its own: with many zones tainting at once (a node per
+            // zone) none queues behind the others' requests, and a node whose writes keep
+            // conflicting (retries with backoff) holds up neither the others nor the next pass.
+            for (zone, name, queued_at) in picks {
+                let inner = Arc::clone(&self);
+                tokio::spawn(async move { inner.taint(zone, name, queued_at, now).await });
+            }
         }
     }
 
