@@ -634,6 +634,89 @@ async fn n16_node_lifecycle_alone() -> Result<()> {
     Ok(())
 }
 
+/// Issue 5: one node whose writes keep conflicting never delays the others. Nodes `hot` and
+/// `calm` (zones of their own, 3 nodes each) fail in one tick; meanwhile the test rewrites `hot`
+/// every 10 ms, so this controller's resourceVersion-guarded writes to it conflict again and
+/// again. `calm` still turns Unknown and gets both unreachable taints by E+1.5s.
+async fn conflicting_node_delays_no_other() -> Result<()> {
+    use pilothouse_tests::heartbeat::Heartbeats;
+    let (own, ph) = node_controllers("conflict", "conflict-pilothouse").await?;
+    let client = own.client().await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let hb = Heartbeats::start(client.clone());
+    for z in ["hot", "calm"] {
+        for i in 0..3 {
+            hb.add_node(&format!("{z}-{i}"), &format!("z-{z}")).await?;
+        }
+    }
+    let (hot, calm) = ("hot-0".to_string(), "calm-0".to_string());
+    let churn = CancellationToken::new();
+    let writer = {
+        let (nodes, stop) = (nodes.clone(), churn.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.is_cancelled() {
+                i += 1;
+                let patch =
+                    json!({"metadata": {"annotations": {"pilothouse.test/churn": i.to_string()}}});
+                let _ = nodes
+                    .patch(
+                        "hot-0",
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(patch),
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let e = hb.fail(&[hot.clone(), calm.clone()]).await + GRACE;
+    wait::until(
+        "calm Unknown with both unreachable taints",
+        until(e) + TOLERANCE + Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async {
+            let n = nodes.get(&calm).await?;
+            Ok(
+                (node_condition(&n, "Ready").is_some_and(|(s, _)| s == "Unknown")
+                    && has_taint(&n, UNREACHABLE, "NoExecute")
+                    && has_taint(&n, UNREACHABLE, "NoSchedule"))
+                .then_some(()),
+            )
+        },
+    )
+    .await?;
+    let late = since(e);
+    // Conflicts answered to the node-lifecycle client, whatever the host label.
+    let (_, body) = ph.http_get("/metrics").await?;
+    let conflicts: f64 = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("rest_client_requests_total{")
+                && l.contains("code=\"409\"")
+                && l.contains("controller=\"node-lifecycle-controller\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    churn.cancel();
+    let _ = writer.await;
+    println!(
+        "MEASURE conflicts: calm handled {late:.3}s after E while hot drew {conflicts} conflicts"
+    );
+    ensure!(
+        late <= TOLERANCE.as_secs_f64(),
+        "calm handled {late:.3}s after E"
+    );
+    ensure!(
+        conflicts >= 1.0,
+        "the churn produced no conflict: the test proves nothing"
+    );
+    drop(hb);
+    drop(ph);
+    drop(own);
+    Ok(())
+}
+
 /// Creates namespace `ns` (ready for pods) and returns its pods API.
 async fn namespace_pods(client: &Client, ns: &str) -> Result<Api<Pod>> {
     let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
@@ -689,6 +772,9 @@ fn main() {
         }),
         trial("n16_node_lifecycle_alone", || {
             Box::pin(n16_node_lifecycle_alone())
+        }),
+        trial("conflicting_node_delays_no_other", || {
+            Box::pin(conflicting_node_delays_no_other())
         }),
     ];
     libtest_mimic::run(&args, trials).exit()
