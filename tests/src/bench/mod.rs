@@ -419,25 +419,10 @@ async fn job_workload(client: &Client, ns: &str, w: &Workload) -> Result<Outcome
     for job in &objects {
         j.create(job).await?;
     }
-    let total = objects.len();
-    let mut series = vec![(0.0, 0)];
-    let mut last = 0;
-    let timeout = Duration::from_secs(1800);
-    loop {
-        let done = finished_count(client, ns).await?;
-        if done != last {
-            series.push((start.elapsed().as_secs_f64(), done));
-            last = done;
-        }
-        if done == total {
-            break;
-        }
-        ensure!(
-            start.elapsed() < timeout,
-            "{done}/{total} converged after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let series = converge(start, objects.len(), Duration::from_secs(1800), || {
+        finished_count(client, ns)
+    })
+    .await?;
     let converge_seconds = start.elapsed().as_secs_f64();
     // The final state, once no tracking finalizer is left.
     wait::until(
@@ -565,31 +550,18 @@ async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Out
         }))?;
         cronjobs.create(&Default::default(), &cj).await?;
     }
-    let total = n * SLOTS as usize;
-    let mut series = vec![(0.0, 0)];
-    let mut last = 0;
     let deadline =
         Duration::from_secs((first - since.as_second()) as u64 + 60 * SLOTS as u64 + 900);
-    loop {
+    let series = converge(start, n * SLOTS as usize, deadline, || {
         let done = seen
             .lock()
             .unwrap()
             .values()
             .filter(|j| j.finished && slots.contains(&j.scheduled))
             .count();
-        if done != last {
-            series.push((start.elapsed().as_secs_f64(), done));
-            last = done;
-        }
-        if done == total {
-            break;
-        }
-        ensure!(
-            start.elapsed() < deadline,
-            "{done}/{total} Jobs finished after {deadline:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        async move { Ok(done) }
+    })
+    .await?;
     let converge_seconds = start.elapsed().as_secs_f64();
     watch.abort();
     let skew: Vec<f64> = seen
@@ -678,6 +650,35 @@ async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Out
         since,
         cpu_seconds: None,
     })
+}
+
+/// Polls `count` every 100 ms until it reaches `total` (failing after `timeout`); returns the
+/// (seconds since `start`, count) series, a point at each change.
+async fn converge<F, Fut>(
+    start: Instant,
+    total: usize,
+    timeout: Duration,
+    mut count: F,
+) -> Result<Vec<(f64, usize)>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<usize>>,
+{
+    let mut series = vec![(0.0, 0)];
+    loop {
+        let done = count().await?;
+        if series.last().is_some_and(|(_, last)| *last != done) {
+            series.push((start.elapsed().as_secs_f64(), done));
+        }
+        if done == total {
+            return Ok(series);
+        }
+        ensure!(
+            start.elapsed() < timeout,
+            "{done}/{total} converged after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn finished_count(client: &Client, ns: &str) -> Result<usize> {

@@ -20,7 +20,7 @@ use super::{Outcome, quantile, scaled};
 use crate::heartbeat::Heartbeats;
 use crate::k8s::{self, has_taint, pod_on_node};
 use crate::wait;
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -167,33 +167,17 @@ pub(super) async fn node_outage(client: &Client, ns: &str, scale: f64) -> Result
         .iter()
         .flat_map(|n| (0..PODS_PER_NODE).map(move |k| format!("p-{n}-{k}")))
         .collect();
-    let mut series = vec![(0.0, 0)];
-    let mut last = 0;
-    let timeout = Duration::from_secs(300);
-    loop {
-        let (done, tainted) = {
-            let s = seen.lock().unwrap();
-            let done = victims
-                .iter()
-                .filter(|p| s.deleted.contains_key(*p))
-                .count();
-            let tainted = failing.iter().all(|n| s.tainted.contains_key(n));
-            (done, tainted)
-        };
-        if done != last {
-            series.push((start.elapsed().as_secs_f64(), done));
-            last = done;
-        }
-        if done == victims.len() && tainted {
-            break;
-        }
-        ensure!(
-            start.elapsed() < timeout,
-            "{done}/{} pods deleted after {timeout:?}",
-            victims.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Every pod of the failed nodes seen deleted (which, with no toleration time, follows their
+    // taints; the taints are judged in the final state).
+    let series = super::converge(start, victims.len(), Duration::from_secs(300), || {
+        let s = seen.lock().unwrap();
+        let done = victims
+            .iter()
+            .filter(|p| s.deleted.contains_key(*p))
+            .count();
+        async move { Ok(done) }
+    })
+    .await?;
     let converge_seconds = start.elapsed().as_secs_f64();
     // Anything else either side would do (a wrong taint, a wrong deletion) has time to show.
     tokio::time::sleep(Duration::from_secs(15)).await;
@@ -202,47 +186,48 @@ pub(super) async fn node_outage(client: &Client, ns: &str, scale: f64) -> Result
     }
     drop(hb);
 
-    let s = seen.lock().unwrap();
-    let after = |t: &Timestamp| t.duration_since(expiry).as_secs_f64();
-    let taint: Vec<f64> = failing
-        .iter()
-        .filter_map(|n| s.tainted.get(n).map(after))
-        .collect();
-    let deletion: Vec<f64> = victims
-        .iter()
-        .filter_map(|p| s.deleted.get(p).map(after))
-        .collect();
-    let extra = BTreeMap::from([
-        (
-            "taint after grace expiry p50 (s)".to_string(),
-            quantile(&taint, 0.5),
-        ),
-        (
-            "taint after grace expiry p99 (s)".to_string(),
-            quantile(&taint, 0.99),
-        ),
-        (
-            "taint after grace expiry max (s)".to_string(),
-            quantile(&taint, 1.0),
-        ),
-        (
-            "pod deleted after grace expiry p50 (s)".to_string(),
-            quantile(&deletion, 0.5),
-        ),
-        (
-            "pod deleted after grace expiry p99 (s)".to_string(),
-            quantile(&deletion, 0.99),
-        ),
-        (
-            "evictions (pods deleted)".to_string(),
-            s.deleted.len() as f64,
-        ),
-        (
-            "nodes tainted NoExecute".to_string(),
-            s.tainted.len() as f64,
-        ),
-    ]);
-    drop(s);
+    let extra = {
+        let s = seen.lock().unwrap();
+        let after = |t: &Timestamp| t.duration_since(expiry).as_secs_f64();
+        let taint: Vec<f64> = failing
+            .iter()
+            .filter_map(|n| s.tainted.get(n).map(after))
+            .collect();
+        let deletion: Vec<f64> = victims
+            .iter()
+            .filter_map(|p| s.deleted.get(p).map(after))
+            .collect();
+        BTreeMap::from([
+            (
+                "taint after grace expiry p50 (s)".to_string(),
+                quantile(&taint, 0.5),
+            ),
+            (
+                "taint after grace expiry p99 (s)".to_string(),
+                quantile(&taint, 0.99),
+            ),
+            (
+                "taint after grace expiry max (s)".to_string(),
+                quantile(&taint, 1.0),
+            ),
+            (
+                "pod deleted after grace expiry p50 (s)".to_string(),
+                quantile(&deletion, 0.5),
+            ),
+            (
+                "pod deleted after grace expiry p99 (s)".to_string(),
+                quantile(&deletion, 0.99),
+            ),
+            (
+                "evictions (pods deleted)".to_string(),
+                s.deleted.len() as f64,
+            ),
+            (
+                "nodes tainted NoExecute".to_string(),
+                s.tainted.len() as f64,
+            ),
+        ])
+    };
     Ok(Outcome {
         converge_seconds,
         series,
