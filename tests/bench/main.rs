@@ -6,8 +6,9 @@
 //!       [--pairs N] [--scale F] [--qps Q --burst B] [--out DIR]
 //!
 //! Without `--qps`/`--burst` every workload runs at upstream's defaults (20/30) and `job-burst`
-//! and `cronjob-minutely` also at 200/400. Without `--pairs`: 1 pair for `cronjob-minutely` and
-//! `idle-scale` (each run lasts several minutes of real clock), 3 for the others.
+//! and `cronjob-minutely` also at 200/400. Without `--pairs`: 1 pair for `cronjob-minutely`,
+//! `node-outage` and `idle-scale` (each run is minutes of real clock, most of it waiting for
+//! schedules, grace periods or the idle window), 3 for `job-burst` and `job-failures`.
 
 use anyhow::{Context, Result, bail};
 use pilothouse_tests::bench::{self, Profile, WORKLOADS, Workload};
@@ -31,12 +32,13 @@ const HIGH: Profile = Profile {
 fn plan(a: &Args) -> Vec<(&'static str, Profile, usize)> {
     let pairs = |w: &str| {
         // The long real-clock workloads run one pair unless told otherwise.
-        a.pairs
-            .unwrap_or(if matches!(w, "cronjob-minutely" | "idle-scale") {
+        a.pairs.unwrap_or(
+            if matches!(w, "cronjob-minutely" | "node-outage" | "idle-scale") {
                 1
             } else {
                 3
-            })
+            },
+        )
     };
     let mut out = Vec::new();
     for &w in &a.workloads {
@@ -163,15 +165,16 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     std::fs::create_dir_all(&args.out)?;
     let machine = machine();
+    let begun = std::time::Instant::now();
+    // Progress lines carry the minutes since the start, so a run's length shows as it goes.
+    let log = |l: String| println!("[{:5.1} min] {l}", begun.elapsed().as_secs_f64() / 60.0);
     for (name, profile, pairs) in plan(&args) {
         let w = Workload {
             name,
             scale: args.scale,
         };
         let started = std::time::Instant::now();
-        let runs = rt.block_on(bench::run_pairs(&w, profile, pairs, &mut |l| {
-            println!("{l}")
-        }))?;
+        let runs = rt.block_on(bench::run_pairs(&w, profile, pairs, &mut |l| log(l)))?;
         let table = bench::table(&w, profile, &runs);
         println!("\n{table}");
         let stem = format!("{name}-qps{}", profile.qps);
@@ -185,6 +188,10 @@ fn main() -> Result<()> {
         std::fs::write(args.out.join(format!("{stem}.md")), section)?;
         std::fs::write(args.out.join("README.md"), assemble(&args.out)?)?;
     }
-    println!("wrote {}", args.out.join("README.md").display());
+    println!(
+        "wrote {} ({:.1} min in all)",
+        args.out.join("README.md").display(),
+        begun.elapsed().as_secs_f64() / 60.0
+    );
     Ok(())
 }

@@ -347,18 +347,13 @@ fn release_binary() -> Result<PathBuf> {
     Ok(p)
 }
 
-/// Runs `w` once on a fresh control plane with `side` running the Job controller.
-pub async fn run_once(
-    w: &Workload,
-    side: Side,
-    p: Profile,
-    log: &mut dyn FnMut(String),
-) -> Result<RunResult> {
-    let controllers = controllers_of(w.name);
+/// A fresh control plane for `w` (the controllers under test turned off in its own
+/// kube-controller-manager) with the benchmark's namespace ready.
+async fn fresh_cluster(w: &Workload, tag: &str) -> Result<(Cluster, Client)> {
     let cluster = Cluster::up(
-        &unique(&format!("bench-{}-{}", w.name, side.name())),
+        &unique(&format!("bench-{}-{tag}", w.name)),
         ClusterOptions {
-            replace: Some(controllers.clone()),
+            replace: Some(controllers_of(w.name)),
             // The node workloads bring nodes of their own, whose Leases they control.
             nodes: if matches!(w.name, "node-outage" | "idle-scale") {
                 0
@@ -368,27 +363,23 @@ pub async fn run_once(
             ..Default::default()
         },
     )?;
-    let under = start_under_test(side, &cluster, &controllers, p)?;
-    log(format!("  {} ran: {}", side.name(), under.command));
-    let pid = under.child.id();
     let client = cluster.client().await?;
-    let ns = "bench";
     let nss: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
     nss.create(
         &Default::default(),
-        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
     )
     .await?;
-    k8s::wait_service_account(&client, ns).await?;
-    // Let the process under test list and settle before the clock starts.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let cpu0 = cpu_seconds(pid)?;
-    let o = match w.name {
-        "cronjob-minutely" => cronjob_minutely(&client, ns, w).await?,
-        "node-outage" => nodes::node_outage(&client, ns, w.scale).await?,
-        "idle-scale" => nodes::idle_scale(&client, ns, w.scale, pid).await?,
-        _ => job_workload(&client, ns, w).await?,
-    };
+    k8s::wait_service_account(&client, NS).await?;
+    Ok((cluster, client))
+}
+
+const NS: &str = "bench";
+
+/// The measurements taken after the workload body: CPU (unless the body measured its own
+/// window), peak RSS, and the requests the audit log attributes to the process under test.
+async fn finish(cluster: &Cluster, under: &UnderTest, cpu0: f64, o: Outcome) -> Result<RunResult> {
+    let pid = under.child.id();
     let cpu_seconds = match o.cpu_seconds {
         Some(c) => c,
         None => cpu_seconds(pid)? - cpu0,
@@ -397,8 +388,6 @@ pub async fn run_once(
     // The audit log is written in batches: give it a moment.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let requests = requests_by_verb(&cluster.audit_log(), under.user, o.since)?;
-    drop(under);
-    drop(cluster);
     Ok(RunResult {
         converge_seconds: o.converge_seconds,
         requests,
@@ -408,6 +397,53 @@ pub async fn run_once(
         state: o.state,
         extra: o.extra,
     })
+}
+
+/// Runs `w` once on a fresh control plane with `side` running the controllers under test.
+pub async fn run_once(
+    w: &Workload,
+    side: Side,
+    p: Profile,
+    log: &mut dyn FnMut(String),
+) -> Result<RunResult> {
+    let (cluster, client) = fresh_cluster(w, side.name()).await?;
+    let under = start_under_test(side, &cluster, &controllers_of(w.name), p)?;
+    log(format!("  {} ran: {}", side.name(), under.command));
+    let pid = under.child.id();
+    // Let the process under test list and settle before the clock starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cpu0 = cpu_seconds(pid)?;
+    let o = match w.name {
+        "cronjob-minutely" => cronjob_minutely(&client, NS, w).await?,
+        "node-outage" => nodes::node_outage(&client, NS, w.scale).await?,
+        _ => job_workload(&client, NS, w).await?,
+    };
+    finish(&cluster, &under, cpu0, o).await
+}
+
+/// `idle-scale`'s pair: one control plane, seeded once before either side starts; then each side
+/// in `order` starts on it (its initial lists included in peak RSS), settles, is measured over the
+/// idle window and is stopped. Both find the same objects, none of them changing.
+async fn run_idle_pair(
+    w: &Workload,
+    order: [Side; 2],
+    p: Profile,
+    log: &mut dyn FnMut(String),
+) -> Result<Vec<(Side, RunResult)>> {
+    let (cluster, client) = fresh_cluster(w, "pair").await?;
+    let seeded = nodes::seed_idle(&client, NS, w.scale).await?;
+    log(format!(
+        "  seeded {} nodes and {} pods",
+        seeded.nodes, seeded.pods
+    ));
+    let mut out = Vec::new();
+    for side in order {
+        let under = start_under_test(side, &cluster, &controllers_of(w.name), p)?;
+        log(format!("  {} ran: {}", side.name(), under.command));
+        let o = nodes::idle_window(&client, NS, under.child.id(), &seeded).await?;
+        out.push((side, finish(&cluster, &under, 0.0, o).await?));
+    }
+    Ok(out)
 }
 
 /// `job-burst` and `job-failures`: create every Job at once, wait for all to finish.
@@ -466,22 +502,24 @@ struct SeenJob {
     finished: bool,
 }
 
-/// `cronjob-minutely`: 200 CronJobs (× scale), each firing every minute for five minutes, with
-/// short successful Jobs and the default history limits. The schedule names those five minutes
-/// (`M1,..,M5 H.. D.. * *` in UTC) so every run stops after them without racing a suspend.
-/// Converged: every Job of the five slots seen finished by a watch. Also measured: creation skew
-/// (the watch's first sight of a Job minus its scheduled time).
+/// `cronjob-minutely`: 300 CronJobs (× scale), each firing every minute for three minutes, with
+/// short successful Jobs and the default history limits. The schedule names those three minutes
+/// (`M1,M2,M3 H.. D.. * *` in UTC) so every run stops after them without racing a suspend.
+/// Converged: every Job of the three slots seen finished by a watch, timed from the first slot
+/// (the wait for it depends only on when the run began). Also measured: creation skew (the
+/// watch's first sight of a Job minus its scheduled time).
 async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Outcome> {
     use k8s_openapi::api::batch::v1::{CronJob, Job};
     use k8s_openapi::jiff::{Timestamp, tz::TimeZone};
     use kube::runtime::{WatchStreamExt, watcher};
     use std::sync::{Arc, Mutex};
-    const SLOTS: i64 = 5;
-    let n = scaled(200, w.scale);
-    // Start just after a minute boundary so the creates cannot straddle one.
+    const SLOTS: i64 = 3;
+    let n = scaled(300, w.scale);
+    // The CronJobs are created within the minute before the first slot; with less than 15 s of
+    // it left, wait for the next one.
     let second = Timestamp::now().as_second().rem_euclid(60);
-    if second > 5 {
-        tokio::time::sleep(Duration::from_secs((62 - second) as u64)).await;
+    if second > 45 {
+        tokio::time::sleep(Duration::from_secs((61 - second) as u64)).await;
     }
     let first = (Timestamp::now().as_second() / 60 + 1) * 60;
     let slots: Vec<i64> = (0..SLOTS).map(|i| first + 60 * i).collect();
@@ -537,8 +575,9 @@ async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Out
     };
 
     let cronjobs: kube::Api<CronJob> = kube::Api::namespaced(client.clone(), ns);
-    let start = Instant::now();
     let since = Timestamp::now();
+    let start = Instant::now()
+        + Duration::from_millis((first * 1000 - since.as_millisecond()).max(0) as u64);
     for i in 0..n {
         let cj: CronJob = serde_json::from_value(json!({
             "apiVersion": "batch/v1", "kind": "CronJob",
@@ -763,6 +802,33 @@ pub async fn run_pairs(
         } else {
             [Side::Pilothouse, Side::Upstream]
         };
+        let report = |r: &RunResult| {
+            format!(
+                "  converged in {:.1}s, {} requests ({} writes), {:.2} CPU-s, peak RSS {:.1} MiB",
+                r.converge_seconds,
+                r.total_requests(),
+                r.writes(),
+                r.cpu_seconds,
+                r.peak_rss_mib
+            )
+        };
+        if w.name == "idle-scale" {
+            log(format!(
+                "{} pair {}/{pairs}: {} then {}",
+                w.name,
+                i + 1,
+                order[0].name(),
+                order[1].name()
+            ));
+            let pair = run_idle_pair(w, order, p, log)
+                .await
+                .with_context(|| format!("{} pair {}", w.name, i + 1))?;
+            for (side, r) in pair {
+                log(format!("  {}:{}", side.name(), report(&r)));
+                runs.push((side, r));
+            }
+            continue;
+        }
         for side in order {
             log(format!(
                 "{} pair {}/{pairs}: {}",
@@ -773,14 +839,7 @@ pub async fn run_pairs(
             let r = run_once(w, side, p, log)
                 .await
                 .with_context(|| format!("{} {}", w.name, side.name()))?;
-            log(format!(
-                "  converged in {:.1}s, {} requests ({} writes), {:.2} CPU-s, peak RSS {:.1} MiB",
-                r.converge_seconds,
-                r.total_requests(),
-                r.writes(),
-                r.cpu_seconds,
-                r.peak_rss_mib
-            ));
+            log(report(&r));
             runs.push((side, r));
         }
     }

@@ -25,7 +25,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -94,6 +94,7 @@ async fn seed(
     zones: usize,
     pods_per_node: usize,
     tolerations: serde_json::Value,
+    lift_not_ready_taint: bool,
 ) -> Result<(Heartbeats, Vec<(String, String)>)> {
     let hb = Heartbeats::every(client.clone(), Duration::from_secs(10));
     let names: Vec<(String, String)> = (0..node_count)
@@ -123,8 +124,19 @@ async fn seed(
         .buffer_unordered(32)
         .try_for_each(|_| async { Ok(()) })
         .await?;
-    // Every node has lost the not-ready taint the API server put on it at creation.
     let nodes: Api<Node> = Api::all(client.clone());
+    if lift_not_ready_taint {
+        let (pp, lift) = (
+            PatchParams::default(),
+            Patch::Merge(json!({"spec": {"taints": null}})),
+        );
+        stream::iter(&names)
+            .map(|(n, _)| nodes.patch(n, &pp, &lift))
+            .buffer_unordered(16)
+            .try_for_each(|_| async { Ok(()) })
+            .await?;
+    }
+    // Every node has lost the not-ready taint the API server put on it at creation.
     wait::until(
         "all nodes untainted",
         Duration::from_secs(180),
@@ -148,7 +160,7 @@ pub(super) async fn node_outage(client: &Client, ns: &str, scale: f64) -> Result
     let zones = node_count.div_ceil(NODES_PER_ZONE);
     let since = Timestamp::now();
     let tol = json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0}]);
-    let (hb, names) = seed(client, ns, node_count, zones, PODS_PER_NODE, tol).await?;
+    let (hb, names) = seed(client, ns, node_count, zones, PODS_PER_NODE, tol, false).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let nodes: Api<Node> = Api::all(client.clone());
 
@@ -263,19 +275,52 @@ async fn final_state(nodes: &Api<Node>, pods: &Api<Pod>) -> Result<BTreeMap<Stri
 
 /// How long `idle-scale` watches nothing happen.
 const IDLE: Duration = Duration::from_secs(120);
+/// How long each side gets to list and settle before the idle window.
+const SETTLE: Duration = Duration::from_secs(20);
 
-pub(super) async fn idle_scale(client: &Client, ns: &str, scale: f64, pid: u32) -> Result<Outcome> {
+/// `idle-scale`'s objects, seeded once for both sides of a pair.
+pub(super) struct Seeded {
+    pub nodes: usize,
+    pub pods: usize,
+    /// Renews the nodes' Leases for as long as the pair runs.
+    _hb: Heartbeats,
+}
+
+/// Seeds `idle-scale` with no controller under test running: the API server's not-ready taint
+/// on each new node is lifted here, as a node-lifecycle controller would for a Ready node.
+pub(super) async fn seed_idle(client: &Client, ns: &str, scale: f64) -> Result<Seeded> {
     let node_count = scaled(500, scale);
     let zones = 20.min(node_count);
     let pods_per_node = (scaled(10_000, scale) / node_count).max(1);
-    let (hb, _) = seed(client, ns, node_count, zones, pods_per_node, json!([])).await?;
-    // Let both sides finish whatever the seeding started (pod status, events) before the window.
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    let (hb, _) = seed(
+        client,
+        ns,
+        node_count,
+        zones,
+        pods_per_node,
+        json!([]),
+        true,
+    )
+    .await?;
+    Ok(Seeded {
+        nodes: node_count,
+        pods: node_count * pods_per_node,
+        _hb: hb,
+    })
+}
+
+/// One side on the seeded cluster: settle, then two idle minutes measured.
+pub(super) async fn idle_window(
+    client: &Client,
+    ns: &str,
+    pid: u32,
+    seeded: &Seeded,
+) -> Result<Outcome> {
+    tokio::time::sleep(SETTLE).await;
     let since = Timestamp::now();
     let cpu0 = super::cpu_seconds(pid)?;
     tokio::time::sleep(IDLE).await;
     let cpu = super::cpu_seconds(pid)? - cpu0;
-    drop(hb);
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let state = final_state(&nodes, &pods).await?;
@@ -286,8 +331,8 @@ pub(super) async fn idle_scale(client: &Client, ns: &str, scale: f64, pid: u32) 
         series: vec![(0.0, objects), (IDLE.as_secs_f64(), objects)],
         state,
         extra: BTreeMap::from([
-            ("nodes".to_string(), node_count as f64),
-            ("pods".to_string(), (node_count * pods_per_node) as f64),
+            ("nodes".to_string(), seeded.nodes as f64),
+            ("pods".to_string(), seeded.pods as f64),
         ]),
         since,
         cpu_seconds: Some(cpu),
