@@ -333,9 +333,37 @@ impl<K: Watched> Informer<K> {
     }
 }
 
-fn strip<K: Resource>(mut obj: K) -> K {
+fn strip<K: Resource + 'static>(mut obj: K) -> K {
     obj.meta_mut().managed_fields = None;
+    if let Some(pod) = (&mut obj as &mut dyn Any).downcast_mut::<k8s_openapi::api::core::v1::Pod>()
+    {
+        trim_pod(pod);
+    }
     obj
+}
+
+/// Drops the pod fields no hosted controller reads: the volumes and the containers' definitions
+/// (image, command, env, mounts, probes, resources). Deserialized, they are most of a pod's
+/// memory; every write to a pod is a patch of fields we own, never built from a cached copy.
+/// Kept of each container: its name and restartPolicy (a sidecar's finish time counts, JR-35).
+pub fn trim_pod(pod: &mut k8s_openapi::api::core::v1::Pod) {
+    use k8s_openapi::api::core::v1::Container;
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    spec.volumes = None;
+    spec.ephemeral_containers = None;
+    let containers = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten());
+    for c in containers {
+        *c = Container {
+            name: std::mem::take(&mut c.name),
+            restart_policy: c.restart_policy.take(),
+            ..Default::default()
+        };
+    }
 }
 
 /// Index function: the object's namespace.
@@ -513,7 +541,7 @@ impl Informers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Pod, PodSpec};
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         ManagedFieldsEntry, ObjectMeta, OwnerReference,
     };
@@ -561,6 +589,50 @@ mod tests {
             l.lock().unwrap().push(s);
         });
         log
+    }
+
+    #[test]
+    fn pods_are_trimmed_to_what_controllers_read() {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ns", "labels": {"l": "v"}},
+            "spec": {
+                "nodeName": "n1",
+                "restartPolicy": "Never",
+                "tolerations": [{"key": "k", "operator": "Exists"}],
+                "volumes": [{"name": "v", "emptyDir": {}}],
+                "initContainers": [{"name": "side", "image": "i", "restartPolicy": "Always",
+                                    "env": [{"name": "E", "value": "1"}]}],
+                "containers": [{"name": "main", "image": "i", "command": ["sh"],
+                                "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]
+            },
+            "status": {"phase": "Running", "containerStatuses": [{"name": "main", "image": "i",
+                "imageID": "", "ready": true, "restartCount": 0}]}
+        }))
+        .unwrap();
+        let status = p.status.clone();
+        p = strip(p);
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.volumes, None);
+        assert_eq!(spec.containers.len(), 1);
+        assert_eq!(
+            spec.containers[0],
+            Container {
+                name: "main".into(),
+                ..Default::default()
+            }
+        );
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        assert_eq!(
+            (init.name.as_str(), init.restart_policy.as_deref()),
+            ("side", Some("Always"))
+        );
+        assert_eq!(init.env, None);
+        // What the controllers do read is untouched.
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.tolerations.as_ref().map(Vec::len), Some(1));
+        assert_eq!(p.status, status);
+        assert!(p.metadata.labels.is_some());
     }
 
     #[test]
