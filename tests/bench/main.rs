@@ -8,7 +8,8 @@
 //! Without `--qps`/`--burst` every workload runs at upstream's defaults (20/30) and `job-burst`
 //! and `cronjob-minutely` also at 200/400. Without `--pairs`: 1 pair for `cronjob-minutely`,
 //! `node-outage` and `idle-scale` (each run is minutes of real clock, most of it waiting for
-//! schedules, grace periods or the idle window), 3 for `job-burst` and `job-failures`.
+//! schedules, grace periods or the idle window), 3 for `job-burst` and `job-failures`. At 20/30 the
+//! Job and CronJob workloads run both sides of a pair at once (`bench::side_by_side`).
 
 use anyhow::{Context, Result, bail};
 use pilothouse_tests::bench::{self, Profile, WORKLOADS, Workload};
