@@ -630,6 +630,12 @@ async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Out
             format!("slot{}", (t.0.as_second() - first) / 60 + 1)
         })
     };
+    let last_success = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+        t.map_or("-".to_string(), |t| {
+            let slot = ((t.0.as_second() - first) / 60 + 1).min(SLOTS);
+            format!("after slot{slot}")
+        })
+    };
     let digest_cronjobs = || async {
         let jobs = jobs_api.list(&Default::default()).await?.items;
         let mut out = BTreeMap::new();
@@ -664,14 +670,16 @@ async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Out
                     "active={} lastSchedule={} lastSuccessful={} jobs={kept:?}",
                     st.active.map_or(0, |a| a.len()),
                     slot_of(st.last_schedule_time.as_ref()),
-                    slot_of(st.last_successful_time.as_ref()),
+                    // A completion time, which falls in whichever minute the last Job
+                    // finished: only whether it follows the last slot is state.
+                    last_success(st.last_successful_time.as_ref()),
                 ),
             );
         }
         anyhow::Ok(out)
     };
     let settled = format!(
-        "active=0 lastSchedule=slot{SLOTS} lastSuccessful=slot{SLOTS} jobs=[\"{}:Complete\", \"{}:Complete\", \"{}:Complete\"]",
+        "active=0 lastSchedule=slot{SLOTS} lastSuccessful=after slot{SLOTS} jobs=[\"{}:Complete\", \"{}:Complete\", \"{}:Complete\"]",
         SLOTS - 2,
         SLOTS - 1,
         SLOTS
