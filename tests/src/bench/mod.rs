@@ -625,14 +625,14 @@ async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Out
         .map(|j| (j.seen.as_millisecond() - j.scheduled * 1000) as f64 / 1000.0)
         .collect();
     // The final state: nothing active, the last slot succeeded, history trimmed to 3.
+    // Which slot (1-based) a time falls in.
+    let slot_index = |t: &Timestamp| (t.as_second() - first) / 60 + 1;
     let slot_of = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
-        t.map_or("-".to_string(), |t| {
-            format!("slot{}", (t.0.as_second() - first) / 60 + 1)
-        })
+        t.map_or("-".to_string(), |t| format!("slot{}", slot_index(&t.0)))
     };
     let last_success = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
         t.map_or("-".to_string(), |t| {
-            let slot = ((t.0.as_second() - first) / 60 + 1).min(SLOTS);
+            let slot = slot_index(&t.0).min(SLOTS);
             format!("after slot{slot}")
         })
     };
@@ -658,7 +658,7 @@ async fn cronjob_minutely(client: &Client, ns: &str, w: &Workload) -> Result<Out
                     });
                     format!(
                         "{}:{}",
-                        t.map_or(0, |t| (t.as_second() - first) / 60 + 1),
+                        t.map_or(0, |t| slot_index(&t)),
                         jobs::finished(j).map_or("-".into(), |c| c.type_.clone())
                     )
                 })
