@@ -33,3 +33,117 @@ pub fn message(e: &kube::Error) -> String {
         other => other.to_string(),
     }
 }
+
+/// What kind of failure an error is, with one label vocabulary for every metric that counts
+/// failures (`pilothouse_reconcile_total{result}`, per-controller failure counters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    NotFound,
+    Conflict,
+    AlreadyExists,
+    Invalid,
+    Forbidden,
+    Unauthorized,
+    TooManyRequests,
+    Timeout,
+    ServerError,
+    /// Any other 4xx answer.
+    ClientError,
+    /// The request never got an answer: connection, TLS, or I/O.
+    Transport,
+    /// Refused locally: this replica does not (surely) lead.
+    NotLeading,
+    /// Anything that is not an API failure: decoding, a controller's own refusal.
+    Other,
+}
+
+impl ErrorKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::AlreadyExists => "already_exists",
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::TooManyRequests => "too_many_requests",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::ServerError => "server_error",
+            ErrorKind::ClientError => "client_error",
+            ErrorKind::Transport => "transport",
+            ErrorKind::NotLeading => "not_leading",
+            ErrorKind::Other => "other",
+        }
+    }
+}
+
+/// Classifies an API error (client-go's `apierrors.ReasonForError` and friends).
+pub fn classify(e: &kube::Error) -> ErrorKind {
+    match e {
+        kube::Error::Api(s) => match (s.code, s.reason.as_str()) {
+            (409, "AlreadyExists") => ErrorKind::AlreadyExists,
+            (409, _) => ErrorKind::Conflict,
+            (404, _) => ErrorKind::NotFound,
+            (422, _) | (400, "Invalid") => ErrorKind::Invalid,
+            (403, _) => ErrorKind::Forbidden,
+            (401, _) => ErrorKind::Unauthorized,
+            (429, _) => ErrorKind::TooManyRequests,
+            (408, _) | (504, _) | (_, "Timeout") => ErrorKind::Timeout,
+            (500..=599, _) => ErrorKind::ServerError,
+            _ => ErrorKind::ClientError,
+        },
+        kube::Error::Service(s) if is_not_leading(s.as_ref()) => ErrorKind::NotLeading,
+        kube::Error::Service(_) | kube::Error::HyperError(_) => ErrorKind::Transport,
+        _ => ErrorKind::Other,
+    }
+}
+
+fn is_not_leading(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<crate::client::NotLeading>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// An error that knows its [`ErrorKind`]: every controller's error type implements it, so the
+/// runtime labels failed syncs in one vocabulary.
+pub trait Classify {
+    fn kind(&self) -> ErrorKind;
+}
+
+impl Classify for kube::Error {
+    fn kind(&self) -> ErrorKind {
+        classify(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            reason: reason.into(),
+            ..kube::core::Status::failure("m", reason)
+        }))
+    }
+
+    #[test]
+    fn classifies_api_answers() {
+        assert_eq!(classify(&api(409, "AlreadyExists")), ErrorKind::AlreadyExists);
+        assert_eq!(classify(&api(409, "Conflict")), ErrorKind::Conflict);
+        assert_eq!(classify(&api(404, "NotFound")), ErrorKind::NotFound);
+        assert_eq!(classify(&api(422, "Invalid")), ErrorKind::Invalid);
+        assert_eq!(classify(&api(429, "TooManyRequests")), ErrorKind::TooManyRequests);
+        assert_eq!(classify(&api(500, "InternalError")), ErrorKind::ServerError);
+        assert_eq!(classify(&api(504, "Timeout")), ErrorKind::Timeout);
+        assert_eq!(classify(&api(418, "")), ErrorKind::ClientError);
+        assert!(is_conflict(&api(409, "AlreadyExists")));
+        assert!(is_already_exists(&api(409, "AlreadyExists")));
+    }
+}

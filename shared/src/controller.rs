@@ -1,19 +1,33 @@
 //! The seam between the runtime and a controller.
 //!
-//! At start-up each enabled controller's `init` receives a [`Setup`]: it asks the shared
-//! informer registry for the types it needs (which creates their watches), registers event
-//! handlers that map changes to its queue keys, and returns a [`Controller`] whose `run` starts
-//! workers once this replica leads and returns once they have drained after `stop`.
+//! A controller declares itself ([`Declaration`]: name, aliases, event source, default) and, at
+//! start-up, its `init` receives a [`Setup`]. From it the controller takes the shared caches it
+//! reads and the [`Writer`] it writes through, and builds its [`Wiring`]: queues with their
+//! workers and sync function, change handlers that map an informer's changes to keys, what to
+//! enqueue when this replica starts leading, and periodic tasks. The runtime owns the rest: the
+//! leader gate (handlers, starters and periodic tasks act only while leading), workers, per-sync
+//! metrics and panic containment, and draining on shutdown.
 
+use crate::apierr::Classify;
+use crate::clock::Clock;
 use crate::client::{self, ClientSpec, WriteFence};
 use crate::events::EventRecorder;
 use crate::flags::{ControllerInfo, FeatureGates};
-use crate::informers::Informers;
-use crate::metrics::Metrics;
-use futures::future::BoxFuture;
-use kube::{Client, Config};
+use crate::informers::{Change, Informer, Informers, Watched};
+use crate::metrics::{ControllerLabel, Metrics, SyncLabels, SyncResultLabels};
+use crate::queue::{Next, Queue, QueueKey};
+use crate::ratelimit::BackoffConfig;
+use crate::writer::Writer;
+use futures::FutureExt;
+use futures::future::{BoxFuture, join_all};
+use kube::Config;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 pub trait Controller: Send + 'static {
     /// Runs until `stop` is cancelled, then returns once in-flight syncs have finished.
@@ -28,58 +42,79 @@ pub enum InitError {
     Invalid(String),
 }
 
+/// What a controller says about itself, before anything runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Declaration {
+    /// Canonical kube-controller-manager name (`--controllers`, user agent, metric label).
+    pub name: &'static str,
+    /// kube-controller-manager's aliases for `--controllers`.
+    pub aliases: &'static [&'static str],
+    /// The events' source component, upstream's name for it (usually `name`).
+    pub event_source: &'static str,
+    pub on_by_default: bool,
+}
+
 /// Everything a controller may use while it sets up.
 pub struct Setup {
     /// The controller's canonical name (user agent, event reporter, metric label).
     pub name: &'static str,
-    /// The controller's own rate-limited client, fenced by leadership.
-    pub client: Client,
+    /// The controller's own rate-limited, leadership-fenced writer.
+    pub writer: Writer,
     pub informers: Arc<Informers>,
     pub metrics: Arc<Metrics>,
+    /// Events reported under the declared event source.
     pub events: EventRecorder,
     pub gates: FeatureGates,
-    /// This replica's identity (`<hostname>_<uuid>`), e.g. for a recorder of another source name.
-    pub identity: String,
-    /// The client behind `events`, for a recorder reporting under another name.
-    pub events_client: Client,
+    /// Wall-clock time (the test kit's follows tokio's paused time).
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Setup {
+    /// The controller's wiring, to be filled and returned by `init`.
+    pub fn wiring(&self) -> Wiring {
+        Wiring::new(self.name, Arc::clone(&self.metrics))
+    }
 }
 
 pub type InitFn = Box<dyn FnOnce(Setup) -> Result<Box<dyn Controller>, InitError> + Send>;
 
 /// A controller in the catalogue: built ones carry their `init`.
 pub struct Registration {
+    pub declaration: Declaration,
     pub info: ControllerInfo,
     pub init: Option<InitFn>,
 }
 
 impl Registration {
     pub fn planned(name: &'static str, aliases: &'static [&'static str]) -> Self {
+        let declaration = Declaration {
+            name,
+            aliases,
+            event_source: name,
+            on_by_default: true,
+        };
         Registration {
-            info: ControllerInfo {
-                name,
-                aliases,
-                built: false,
-                on_by_default: true,
-            },
+            declaration,
+            info: info(&declaration, false),
             init: None,
         }
     }
 
-    pub fn built(
-        name: &'static str,
-        aliases: &'static [&'static str],
-        on_by_default: bool,
-        init: InitFn,
-    ) -> Self {
+    pub fn built(declaration: Declaration, init: InitFn) -> Self {
         Registration {
-            info: ControllerInfo {
-                name,
-                aliases,
-                built: true,
-                on_by_default,
-            },
+            declaration,
+            info: info(&declaration, true),
             init: Some(init),
         }
+    }
+}
+
+fn info(d: &Declaration, built: bool) -> ControllerInfo {
+    ControllerInfo {
+        name: d.name,
+        aliases: d.aliases,
+        built,
+        on_by_default: d.on_by_default,
     }
 }
 
@@ -96,7 +131,8 @@ pub struct SetupFactory {
 }
 
 impl SetupFactory {
-    pub fn setup(&self, name: &'static str) -> Result<Setup, InitError> {
+    pub fn setup(&self, declaration: &Declaration) -> Result<Setup, InitError> {
+        let name = declaration.name;
         let spec = |controller: String| ClientSpec {
             controller,
             qps: self.qps,
@@ -110,13 +146,377 @@ impl SetupFactory {
             client::build(&self.config, spec(format!("{name}-events")), &self.metrics)?;
         Ok(Setup {
             name,
-            events: EventRecorder::new(events_client.clone(), name, &self.identity),
-            events_client,
-            client,
+            writer: Writer::from_client(client),
+            events: EventRecorder::new(
+                Writer::from_client(events_client),
+                declaration.event_source,
+                &self.identity,
+            ),
             informers: Arc::clone(&self.informers),
             metrics: Arc::clone(&self.metrics),
             gates: self.gates,
-            identity: self.identity.clone(),
+            clock: crate::clock::system(),
         })
+    }
+}
+
+type Starter = Box<dyn FnOnce() + Send>;
+type Serve = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, ()> + Send>;
+
+/// The leader gate: handlers, starters and periodic tasks act only while it is open.
+#[derive(Clone, Debug, Default)]
+pub struct Gate(Arc<AtomicBool>);
+
+impl Gate {
+    pub fn is_open(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self, open: bool) {
+        self.0.store(open, Ordering::Release);
+    }
+
+    /// An open gate, for tests that drive handlers directly.
+    pub fn open() -> Gate {
+        let g = Gate::default();
+        g.set(true);
+        g
+    }
+}
+
+/// What a controller hands the runtime: its queues and workers, handlers, starters and periodic
+/// tasks. Built in `init`, run by [`Controller::run`] once this replica leads.
+pub struct Wiring {
+    name: &'static str,
+    metrics: Arc<Metrics>,
+    gate: Gate,
+    starters: Vec<Starter>,
+    serves: Vec<Serve>,
+}
+
+impl Wiring {
+    pub fn new(name: &'static str, metrics: Arc<Metrics>) -> Wiring {
+        Wiring {
+            name,
+            metrics,
+            gate: Gate::default(),
+            starters: Vec::new(),
+            serves: Vec::new(),
+        }
+    }
+
+    /// The gate, for a controller's own timers that must act only while leading.
+    pub fn gate(&self) -> Gate {
+        self.gate.clone()
+    }
+
+    /// A work queue (its upstream name labels the `workqueue_*` metrics).
+    pub fn queue<K: QueueKey>(&self, name: &str, backoff: BackoffConfig) -> Arc<Queue<K>> {
+        Queue::new(name, backoff, &self.metrics)
+    }
+
+    /// Calls `handler` for each change of `informer`, only while leading. Handlers must not
+    /// block: they map a change to keys (and may note what it tells, such as an observed
+    /// creation), nothing more.
+    pub fn on_change<K: Watched>(
+        &mut self,
+        informer: &Informer<K>,
+        handler: impl Fn(&Change<K>) + Send + Sync + 'static,
+    ) {
+        let gate = self.gate.clone();
+        informer.on_change(move |change| {
+            if gate.is_open() {
+                handler(change);
+            }
+        });
+    }
+
+    /// Queues the keys `keys` maps each change to (a pure function of the change), while
+    /// leading.
+    pub fn map<K: Watched, Q: QueueKey>(
+        &mut self,
+        informer: &Informer<K>,
+        queue: &Arc<Queue<Q>>,
+        keys: impl Fn(&Change<K>) -> Vec<Q> + Send + Sync + 'static,
+    ) {
+        let queue = Arc::clone(queue);
+        self.on_change(informer, move |change| {
+            for key in keys(change) {
+                queue.add(key);
+            }
+        });
+    }
+
+    /// Runs once each time this replica starts leading, after the caches have synced and before
+    /// workers start: typically the initial enqueue of every object.
+    pub fn on_start(&mut self, starter: impl FnOnce() + Send + 'static) {
+        self.starters.push(Box::new(starter));
+    }
+
+    /// `workers` workers serve `queue` with `sync` until shutdown; the runtime keeps per-sync
+    /// metrics, retries errors with the queue's per-key backoff and contains panics.
+    pub fn workers<K, F, Fut, E>(&mut self, queue: &Arc<Queue<K>>, workers: usize, sync: F)
+    where
+        K: QueueKey,
+        F: Fn(K) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Next, E>> + Send + 'static,
+        E: std::fmt::Display + Classify + Send + 'static,
+    {
+        let queue = Arc::clone(queue);
+        let name = self.name;
+        let metrics = Arc::clone(&self.metrics);
+        self.serves.push(Box::new(move |stop: CancellationToken| {
+            async move {
+                let q = Arc::clone(&queue);
+                tokio::spawn(async move {
+                    stop.cancelled().await;
+                    q.shut_down();
+                });
+                serve(queue, workers, name, &metrics, sync).await;
+            }
+            .boxed()
+        }));
+    }
+
+    /// Runs `task` every `period` while leading (the first run one period after the start).
+    pub fn every<F, Fut>(&mut self, period: Duration, task: F)
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.serves.push(Box::new(move |stop: CancellationToken| {
+            async move {
+                let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tick.tick() => task().await,
+                    }
+                }
+            }
+            .boxed()
+        }));
+    }
+
+    /// A long-running task of the controller's own (e.g. a timer loop) that ends at `stop`.
+    pub fn task<F, Fut>(&mut self, task: F)
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.serves
+            .push(Box::new(move |stop: CancellationToken| task(stop).boxed()));
+    }
+
+    pub fn build(self) -> Box<dyn Controller> {
+        Box::new(self)
+    }
+}
+
+impl Controller for Wiring {
+    fn run(self: Box<Self>, stop: CancellationToken) -> BoxFuture<'static, ()> {
+        async move {
+            let Wiring {
+                gate,
+                starters,
+                serves,
+                ..
+            } = *self;
+            gate.set(true);
+            for start in starters {
+                start();
+            }
+            let running: Vec<_> = serves
+                .into_iter()
+                .map(|serve| tokio::spawn(serve(stop.clone())))
+                .collect();
+            join_all(running).await;
+            gate.set(false);
+        }
+        .boxed()
+    }
+}
+
+/// Runs `workers` workers over `queue` until it shuts down, each calling `sync` for a key.
+/// An error re-queues the key with its per-key backoff; success forgets the failures; a panic is
+/// logged with the key, counted, and retried like an error. Returns once every worker has
+/// finished its current key.
+pub async fn serve<K, F, Fut, E>(
+    queue: Arc<Queue<K>>,
+    workers: usize,
+    controller: &'static str,
+    metrics: &Metrics,
+    sync: F,
+) where
+    K: QueueKey,
+    F: Fn(K) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Next, E>> + Send + 'static,
+    E: std::fmt::Display + Classify + Send + 'static,
+{
+    let sync = Arc::new(sync);
+    let reconcile = metrics.reconcile();
+    let labels = SyncLabels {
+        controller: controller.to_string(),
+        queue: queue.name().to_string(),
+    };
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..workers.max(1) {
+        let queue = Arc::clone(&queue);
+        let sync = Arc::clone(&sync);
+        let reconcile = Arc::clone(&reconcile);
+        let labels = labels.clone();
+        set.spawn(async move {
+            while let Some(key) = queue.get().await {
+                let span = tracing::info_span!("sync", controller, queue = queue.name(), key = ?key);
+                let started = Instant::now();
+                let result = AssertUnwindSafe(sync(key.clone()).instrument(span.clone()))
+                    .catch_unwind()
+                    .await;
+                reconcile
+                    .duration
+                    .get_or_create(&labels)
+                    .observe(started.elapsed().as_secs_f64());
+                let outcome = match result {
+                    Ok(Ok(Next::Done)) => {
+                        queue.forget(&key);
+                        "success"
+                    }
+                    Ok(Ok(Next::After(d))) => {
+                        queue.forget(&key);
+                        queue.add_after(key.clone(), d);
+                        "requeue"
+                    }
+                    Ok(Err(e)) => {
+                        let _g = span.enter();
+                        tracing::warn!(retries = queue.num_requeues(&key), error = %e, "sync failed; retrying with backoff");
+                        queue.add_rate_limited(key.clone());
+                        e.kind().label()
+                    }
+                    Err(panic) => {
+                        let _g = span.enter();
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        tracing::error!(panic = %what, "sync panicked; retrying with backoff");
+                        reconcile
+                            .panics
+                            .get_or_create(&ControllerLabel {
+                                controller: controller.to_string(),
+                            })
+                            .inc();
+                        queue.add_rate_limited(key.clone());
+                        "panic"
+                    }
+                };
+                reconcile
+                    .results
+                    .get_or_create(&SyncResultLabels {
+                        controller: labels.controller.clone(),
+                        queue: labels.queue.clone(),
+                        result: outcome.to_string(),
+                    })
+                    .inc();
+                queue.done(&key);
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apierr::ErrorKind;
+    use std::sync::atomic::AtomicUsize;
+
+    #[derive(Debug)]
+    struct Boom;
+    impl std::fmt::Display for Boom {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("boom")
+        }
+    }
+    impl Classify for Boom {
+        fn kind(&self) -> ErrorKind {
+            ErrorKind::Conflict
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_key_is_counted_retried_and_stalls_no_other() {
+        let metrics = Metrics::new();
+        let mut wiring = Wiring::new("test-controller", Arc::clone(&metrics));
+        let queue: Arc<Queue<String>> = wiring.queue(
+            "t",
+            BackoffConfig::exponential(Duration::from_millis(1), Duration::from_millis(4)),
+        );
+        let calls = Arc::new(AtomicUsize::new(0));
+        let good = Arc::new(AtomicUsize::new(0));
+        let (c, g) = (Arc::clone(&calls), Arc::clone(&good));
+        wiring.workers(&queue, 1, move |key: String| {
+            let (c, g) = (Arc::clone(&c), Arc::clone(&g));
+            async move {
+                if key == "bad" {
+                    let n = c.fetch_add(1, Ordering::SeqCst);
+                    if n < 2 {
+                        panic!("bad input");
+                    }
+                    return Err::<Next, Boom>(Boom);
+                }
+                g.fetch_add(1, Ordering::SeqCst);
+                Ok(Next::Done)
+            }
+        });
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(wiring.build().run(stop.clone()));
+        queue.add("bad".into());
+        queue.add("good".into());
+        for _ in 0..200 {
+            if calls.load(Ordering::SeqCst) >= 3 && good.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.cancel();
+        run.await.unwrap();
+        assert_eq!(good.load(Ordering::SeqCst), 1);
+        assert!(calls.load(Ordering::SeqCst) >= 3);
+        let text = metrics.encode();
+        assert!(
+            text.contains("pilothouse_reconcile_panics_total{controller=\"test-controller\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("result=\"conflict\""),
+            "errors are labelled by kind: {text}"
+        );
+        assert!(text.contains("result=\"success\""), "{text}");
+    }
+
+    #[tokio::test]
+    async fn handlers_and_starters_act_only_while_leading() {
+        let wiring = Wiring::new("c", Metrics::new());
+        let gate = wiring.gate();
+        assert!(!gate.is_open());
+        let started = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&started);
+        let mut wiring = wiring;
+        wiring.on_start(move || s.store(true, Ordering::SeqCst));
+        let stop = CancellationToken::new();
+        let g2 = gate.clone();
+        wiring.task(move |stop| async move {
+            assert!(g2.is_open(), "tasks run only while leading");
+            stop.cancelled().await;
+        });
+        let run = tokio::spawn(wiring.build().run(stop.clone()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(started.load(Ordering::SeqCst));
+        assert!(gate.is_open());
+        stop.cancel();
+        run.await.unwrap();
+        assert!(!gate.is_open(), "the gate closes when the controller stops");
     }
 }

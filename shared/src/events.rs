@@ -14,8 +14,8 @@
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::Client;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use crate::writer::{PatchKind, Writer};
+use kube::api::ObjectMeta;
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -246,7 +246,7 @@ impl Correlator {
 
 #[derive(Clone)]
 pub struct EventRecorder {
-    client: Client,
+    writer: Writer,
     controller: String,
     instance: String,
     correlator: Arc<Mutex<Correlator>>,
@@ -273,13 +273,19 @@ fn truncate_message(mut message: String) -> String {
 impl EventRecorder {
     /// `controller` is the upstream source component, e.g. `job-controller`; `instance` this
     /// replica (the reporting instance, so an event names the replica that wrote it).
-    pub fn new(client: Client, controller: &str, instance: &str) -> Self {
+    pub fn new(writer: Writer, controller: &str, instance: &str) -> Self {
         EventRecorder {
-            client,
+            writer,
             controller: controller.to_string(),
             instance: instance.to_string(),
             correlator: Arc::default(),
         }
+    }
+
+    /// The same writer and replica reporting under another source component (node-lifecycle
+    /// reports as `node-controller`), with a correlator of its own.
+    pub fn for_source(&self, controller: &str) -> Self {
+        EventRecorder::new(self.writer.clone(), controller, &self.instance)
     }
 
     /// `action` is kept for call sites written against events.k8s.io; core/v1 events written by
@@ -351,7 +357,6 @@ impl EventRecorder {
         now: Timestamp,
     ) -> kube::Result<()> {
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
-        let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let (name, message, count, first) = match write {
             Write::Skip => return Ok(()),
             Write::Create { name, message } => (name, message, 1, now),
@@ -363,8 +368,9 @@ impl EventRecorder {
             } => {
                 let patch: Value =
                     json!({"count": count, "lastTimestamp": Time(now), "message": message});
-                match events
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                match self
+                    .writer
+                    .patch::<Event>(namespace, &name, PatchKind::Merge, patch)
                     .await
                 {
                     // Gone (expired): write it anew, as client-go does.
@@ -395,7 +401,7 @@ impl EventRecorder {
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
         };
-        match events.create(&PostParams::default(), &event).await {
+        match self.writer.create(namespace, &event).await {
             Err(e) if crate::apierr::is_already_exists(&e) => Ok(()),
             other => other.map(drop),
         }

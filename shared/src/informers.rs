@@ -333,6 +333,23 @@ impl<K: Watched> Informer<K> {
     }
 }
 
+/// The test kit's way in: the same store updates, indexes and handlers a watch drives.
+#[cfg(any(test, feature = "testkit"))]
+impl<K: Watched> Informer<K> {
+    pub fn testkit_apply(&self, obj: K) {
+        self.apply(strip(obj));
+    }
+
+    pub fn testkit_delete(&self, obj: K) {
+        self.delete(strip(obj));
+    }
+
+    pub fn testkit_mark_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+        self.synced_tx.send_replace(true);
+    }
+}
+
 fn strip<K: Resource + 'static>(mut obj: K) -> K {
     obj.meta_mut().managed_fields = None;
     if let Some(pod) = (&mut obj as &mut dyn Any).downcast_mut::<k8s_openapi::api::core::v1::Pod>()

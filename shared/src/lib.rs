@@ -2,7 +2,9 @@
 //! expectations, leader election, events, metrics and health.
 
 pub mod apierr;
+pub mod claim;
 pub mod client;
+pub mod clock;
 pub mod controller;
 pub mod election;
 pub mod events;
@@ -15,4 +17,8 @@ pub mod manager;
 pub mod metrics;
 pub mod queue;
 pub mod ratelimit;
+pub mod refs;
 pub mod selector;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+pub mod writer;

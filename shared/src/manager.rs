@@ -164,7 +164,7 @@ pub async fn run(
         let Some(init) = reg.init else { continue };
         let name = reg.info.name;
         let setup = factory
-            .setup(name)
+            .setup(&reg.declaration)
             .map_err(|source| ManagerError::Init { name, source })?;
         controllers.push((
             name,

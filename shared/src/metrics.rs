@@ -17,6 +17,7 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     workqueue: OnceLock<Arc<WorkqueueMetrics>>,
     rest_client: OnceLock<Arc<RestClientMetrics>>,
+    reconcile: OnceLock<Arc<ReconcileMetrics>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -60,6 +61,37 @@ pub struct RequestLabels {
 pub struct RestClientMetrics {
     pub requests: Family<RequestLabels, Counter>,
     pub rate_limiter_wait: Family<NameLabel, Histogram, fn() -> Histogram>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SyncLabels {
+    pub controller: String,
+    pub queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SyncResultLabels {
+    pub controller: String,
+    pub queue: String,
+    /// `success`, `requeue` (success with a delayed resync), an error kind's label, or `panic`.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabel {
+    pub controller: String,
+}
+
+/// Per-sync metrics the runtime keeps for every queue of every controller.
+pub struct ReconcileMetrics {
+    pub duration: Family<SyncLabels, Histogram, fn() -> Histogram>,
+    pub results: Family<SyncResultLabels, Counter>,
+    pub panics: Family<ControllerLabel, Counter>,
+}
+
+fn sync_histogram() -> Histogram {
+    // 1 ms .. ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
 }
 
 impl Metrics {
@@ -118,6 +150,34 @@ impl Metrics {
                     m.longest_running.clone(),
                 );
                 self.register("workqueue_retries", "Total number of retries handled by workqueue", m.retries.clone());
+                Arc::new(m)
+            })
+            .clone()
+    }
+
+    pub fn reconcile(&self) -> Arc<ReconcileMetrics> {
+        self.reconcile
+            .get_or_init(|| {
+                let m = ReconcileMetrics {
+                    duration: Family::new_with_constructor(sync_histogram),
+                    results: Family::default(),
+                    panics: Family::default(),
+                };
+                self.register(
+                    "pilothouse_reconcile_duration_seconds",
+                    "How long one sync of one key takes, by controller and queue",
+                    m.duration.clone(),
+                );
+                self.register(
+                    "pilothouse_reconcile",
+                    "Syncs by controller, queue and result (success, requeue, an error kind, or panic)",
+                    m.results.clone(),
+                );
+                self.register(
+                    "pilothouse_reconcile_panics",
+                    "Syncs that panicked; the key is retried with backoff",
+                    m.panics.clone(),
+                );
                 Arc::new(m)
             })
             .clone()
