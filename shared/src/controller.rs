@@ -284,9 +284,12 @@ impl Wiring {
         F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        // A zero period (a flag set to 0) would make tokio's interval panic.
+        let period = period.max(Duration::from_millis(1));
         self.serves.push(Box::new(move |stop: CancellationToken| {
             async move {
-                let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+                let mut tick =
+                    tokio::time::interval_at(crate::queue::far_or(Instant::now(), period), period);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {

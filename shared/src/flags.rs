@@ -60,49 +60,13 @@ impl FeatureGates {
     }
 }
 
-/// Parses a Go `time.ParseDuration` string (sign, decimal numbers with units ns us µs ms s m h).
+/// Parses a duration flag as Go's `time.ParseDuration` does (the one parser, in
+/// [`crate::gocompat`]); negative durations make no sense for any of our options.
 pub fn parse_go_duration(s: &str) -> Result<Duration, FlagError> {
-    let err = || FlagError::Duration(s.to_string());
-    let mut rest = s.trim();
-    if let Some(r) = rest.strip_prefix('+') {
-        rest = r;
-    }
-    if rest.starts_with('-') {
-        // Negative durations make no sense for any of our options.
-        return Err(err());
-    }
-    if rest == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if rest.is_empty() {
-        return Err(err());
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(err)?;
-        if num_len == 0 {
-            return Err(err());
-        }
-        let value: f64 = rest[..num_len].parse().map_err(|_| err())?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(err()),
-        };
-        rest = &rest[unit_len..];
-        total += value * scale;
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| err())
+    let nanos = crate::gocompat::parse_duration(s).map_err(|_| FlagError::Duration(s.to_string()))?;
+    u64::try_from(nanos)
+        .map(Duration::from_nanos)
+        .map_err(|_| FlagError::Duration(s.to_string()))
 }
 
 /// clap value parser for Go-style durations.

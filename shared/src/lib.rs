@@ -10,14 +10,17 @@ pub mod election;
 pub mod events;
 pub mod expectations;
 pub mod flags;
+pub mod gocompat;
 pub mod health;
 pub mod informers;
 pub mod logging;
 pub mod manager;
 pub mod metrics;
+pub mod own_writes;
 pub mod queue;
 pub mod ratelimit;
 pub mod refs;
+pub mod retry;
 pub mod selector;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

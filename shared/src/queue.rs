@@ -16,6 +16,16 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+/// The latest a delayed add waits: far enough to mean "never" for any controller, near enough
+/// that every platform's `Instant` can hold it.
+pub const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `now + delay`, capped at `now + FAR_FUTURE`: never panics on a user-supplied duration.
+pub fn far_or(now: Instant, delay: Duration) -> Instant {
+    now.checked_add(delay.min(FAR_FUTURE))
+        .unwrap_or(now)
+}
+
 pub trait QueueKey: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static {}
 impl<T: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> QueueKey for T {}
 
@@ -107,12 +117,13 @@ impl<K: QueueKey> Queue<K> {
         self.ready.notify_one();
     }
 
-    /// Queues `key` after `delay`; of several pending delays the earliest wins.
+    /// Queues `key` after `delay`; of several pending delays the earliest wins. A delay past
+    /// what an `Instant` can hold (a user's int64 seconds) is capped at [`FAR_FUTURE`].
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
             return self.add(key);
         }
-        let at = Instant::now() + delay;
+        let at = far_or(Instant::now(), delay);
         let mut s = self.lock();
         if s.shutting_down {
             return;

@@ -485,6 +485,45 @@ impl Default for Kit {
     }
 }
 
+/// A controller started by [`Kit::start`].
+pub struct Running {
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the controller and waits for its workers to drain.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.handle.await;
+    }
+}
+
+impl Kit {
+    /// Runs a controller as the runtime does once this replica leads (starters, then workers).
+    pub fn start(&self, controller: Box<dyn crate::controller::Controller>) -> Running {
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(controller.run(stop.clone()));
+        Running { stop, handle }
+    }
+}
+
+/// Polls `done` every 10 ms (of tokio time: paused tests advance at once) for up to `limit`;
+/// true if it held.
+pub async fn eventually(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + limit.min(crate::queue::FAR_FUTURE);
+    loop {
+        settle().await;
+        if done() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// Lets spawned tasks (event writes) run: call after a sync before reading events.
 pub async fn settle() {
     for _ in 0..20 {

@@ -7,7 +7,6 @@
 //! queued for the next schedule time.
 
 pub mod cli;
-pub mod gocompat;
 pub mod metrics;
 pub mod plan;
 pub mod schedule;
@@ -128,7 +127,7 @@ pub fn parse_for(
     if let Some(tz) = time_zone {
         zones
             .load(tz)
-            .map_err(|e| format!("invalid timeZone: {}: {e}", gocompat::strconv_quote(tz)))?;
+            .map_err(|e| format!("invalid timeZone: {}: {e}", shared::gocompat::strconv_quote(tz)))?;
     }
     let (text, _) = format_schedule(&cj, zones);
     schedule::parse(&text, zones)
@@ -498,7 +497,7 @@ impl Inner {
                 cj,
                 &Event::warning(
                     "UnknownTimeZone",
-                    format!("invalid timeZone: {}: {e}", gocompat::strconv_quote(tz)),
+                    format!("invalid timeZone: {}: {e}", shared::gocompat::strconv_quote(tz)),
                 ),
             );
             return Ok(Next::Done);
@@ -510,7 +509,7 @@ impl Inner {
         if grandfathered {
             self.emit(cj, &Event::warning("UnsupportedSchedule", format!(
                 "CRON_TZ or TZ used in schedule {} is not officially supported, see https://kubernetes.io/docs/concepts/workloads/controllers/cron-jobs/ for more details",
-                gocompat::strconv_quote(&spec.schedule)
+                shared::gocompat::strconv_quote(&spec.schedule)
             )));
         }
         let sched = match schedule::parse(&text, &self.zones) {
@@ -522,7 +521,7 @@ impl Inner {
                         "UnparseableSchedule",
                         format!(
                             "unparseable schedule: {} : {e}",
-                            gocompat::strconv_quote(&spec.schedule)
+                            shared::gocompat::strconv_quote(&spec.schedule)
                         ),
                     ),
                 );

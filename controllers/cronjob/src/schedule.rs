@@ -3,7 +3,7 @@
 //! its errors the same way; `next` evaluates either exactly as upstream or under the DST policy
 //! of B-12 ([`DstPolicy`]).
 
-use crate::gocompat::{atoi, parse_duration};
+use shared::gocompat::{atoi, parse_duration};
 use crate::zone::Zone;
 use jiff::Timestamp;
 

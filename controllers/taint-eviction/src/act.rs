@@ -3,9 +3,9 @@
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
+use shared::apierr::{Classify, ErrorKind};
+use shared::writer::{Delete, PatchKind, Writer};
 
 pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 pub const REASON: &str = "DeletionByTaintManager";
@@ -22,15 +22,21 @@ pub enum ActError {
 }
 
 impl ActError {
-    /// A short label for metrics: the HTTP code, or `transport`.
-    pub fn reason(&self) -> String {
-        let e = match self {
+    fn source(&self) -> &kube::Error {
+        match self {
             ActError::Get(e) | ActError::Patch(e) | ActError::Delete(e) => e,
-        };
-        match e {
-            kube::Error::Api(s) => s.code.to_string(),
-            _ => "transport".to_string(),
         }
+    }
+
+    /// A short label for metrics: the HTTP code, or the kind of client-side failure.
+    pub fn reason(&self) -> String {
+        shared::apierr::error_reason(self.source())
+    }
+}
+
+impl Classify for ActError {
+    fn kind(&self) -> ErrorKind {
+        self.source().kind()
     }
 }
 
@@ -88,25 +94,26 @@ pub fn condition(pod: &Pod, now: Timestamp) -> PodCondition {
 /// strategic-merge patch of `pods/status` (merged by condition type; never server-side apply,
 /// which fails on pods with duplicate list keys), then deletes it with a UID precondition.
 pub async fn evict(
-    client: &Client,
+    writer: &Writer,
     namespace: &str,
     name: &str,
     uid: &str,
+    now: Timestamp,
 ) -> Result<Evicted, ActError> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod = match pods.get_opt(name).await.map_err(ActError::Get)? {
-        None => return Ok(Evicted::Gone),
-        Some(p) if p.metadata.uid.as_deref() != Some(uid) => return Ok(Evicted::Gone),
-        Some(p) => p,
+    let pod = match writer.get::<Pod>(namespace, name).await {
+        Err(e) if shared::apierr::is_not_found(&e) => return Ok(Evicted::Gone),
+        Err(e) => return Err(ActError::Get(e)),
+        Ok(p) if p.metadata.uid.as_deref() != Some(uid) => return Ok(Evicted::Gone),
+        Ok(p) => p,
     };
     if !has_condition(&pod) {
         let patch = json!({
             // The UID in the patch makes it a precondition: a replaced pod fails validation.
             "metadata": {"uid": uid},
-            "status": {"conditions": [condition(&pod, Timestamp::now())]}
+            "status": {"conditions": [condition(&pod, now)]}
         });
-        match pods
-            .patch_status(name, &PatchParams::default(), &Patch::Strategic(patch))
+        match writer
+            .patch_status::<Pod>(namespace, name, PatchKind::Strategic, patch)
             .await
         {
             Ok(_) => {}
@@ -114,14 +121,7 @@ pub async fn evict(
             Err(e) => return Err(ActError::Patch(e)),
         }
     }
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(uid.to_string()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match pods.delete(name, &params).await {
+    match writer.delete::<Pod>(namespace, name, Delete::with_uid(uid)).await {
         Ok(_) => Ok(Evicted::Deleted),
         Err(e) if is_gone(&e) => Ok(Evicted::Gone),
         Err(e) => Err(ActError::Delete(e)),

@@ -175,7 +175,8 @@ pub fn step(verdict: Verdict, uid: &str, timer: Option<&Timer>, now: Instant) ->
         Verdict::EvictAfter(d) => {
             // B-5: the start is kept and the deadline follows the current minimum.
             let start = timer.map_or(now, |t| t.start);
-            let deadline = start + d;
+            // tolerationSeconds may be up to i64::MAX: cap instead of overflowing the Instant.
+            let deadline = shared::queue::far_or(start, d);
             if deadline <= now {
                 Step::Fire {
                     due: deadline,

@@ -1,7 +1,8 @@
 //! The few pieces of Go's standard library whose exact behaviour (and error text) decides which
 //! schedules are valid: `strconv.Atoi`, `strconv.Quote`, `time.ParseDuration` and the time
 //! package's own `quote`. Written from Go's documented semantics; the differential corpus
-//! (`tests/e2e/cron_differential.rs`) compares every case with the real library.
+//! (`tests/e2e/cron_differential.rs`) compares every case with the real library. Flags parse
+//! durations with the same `parse_duration`.
 
 /// `strconv.Atoi` on a 64-bit platform, with its error text
 /// (`strconv.Atoi: parsing "x": invalid syntax` / `value out of range`).
