@@ -16,7 +16,8 @@ use serde::de::DeserializeOwned;
 use std::any::{Any, TypeId};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::projection::PodFields;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
@@ -112,12 +113,15 @@ pub struct Informer<K> {
     handlers: RwLock<Vec<Handler<K>>>,
     synced: AtomicBool,
     synced_tx: tokio_watch::Sender<bool>,
+    /// The pod fields the enabled controllers declared (used only by the pod informer).
+    pod_fields: Arc<AtomicU32>,
 }
 
 impl<K: Watched> Informer<K> {
-    fn new() -> Self {
+    fn new(pod_fields: Arc<AtomicU32>) -> Self {
         let (synced_tx, _) = tokio_watch::channel(false);
         Informer {
+            pod_fields,
             resource: K::plural(&()).into_owned(),
             state: RwLock::new(StoreState {
                 objects: HashMap::new(),
@@ -313,7 +317,7 @@ impl<K: Watched> Informer<K> {
             match event {
                 Ok(Event::Init) => listing = Some(HashMap::new()),
                 Ok(Event::InitApply(obj)) => {
-                    let obj = strip(obj);
+                    let obj = self.strip(obj);
                     listing
                         .get_or_insert_with(HashMap::new)
                         .insert(object_key(&obj), obj);
@@ -323,8 +327,8 @@ impl<K: Watched> Informer<K> {
                     tracing::debug!(resource = %self.resource, objects = listed.len(), "listed");
                     self.replace(listed);
                 }
-                Ok(Event::Apply(obj)) => self.apply(strip(obj)),
-                Ok(Event::Delete(obj)) => self.delete(strip(obj)),
+                Ok(Event::Apply(obj)) => self.apply(self.strip(obj)),
+                Ok(Event::Delete(obj)) => self.delete(self.strip(obj)),
                 Err(e) => {
                     tracing::warn!(resource = %self.resource, error = %e, "watch failed; retrying with backoff")
                 }
@@ -337,11 +341,11 @@ impl<K: Watched> Informer<K> {
 #[cfg(any(test, feature = "testkit"))]
 impl<K: Watched> Informer<K> {
     pub fn testkit_apply(&self, obj: K) {
-        self.apply(strip(obj));
+        self.apply(self.strip(obj));
     }
 
     pub fn testkit_delete(&self, obj: K) {
-        self.delete(strip(obj));
+        self.delete(self.strip(obj));
     }
 
     pub fn testkit_mark_synced(&self) {
@@ -350,37 +354,21 @@ impl<K: Watched> Informer<K> {
     }
 }
 
-fn strip<K: Resource + 'static>(mut obj: K) -> K {
+impl<K: Watched> Informer<K> {
+    /// What the cache keeps of an object: no managedFields, and of a pod only what the enabled
+    /// controllers declared ([`crate::projection`]).
+    fn strip(&self, obj: K) -> K {
+        strip(obj, PodFields::from_bits(self.pod_fields.load(Ordering::Acquire)))
+    }
+}
+
+fn strip<K: Resource + 'static>(mut obj: K, fields: PodFields) -> K {
     obj.meta_mut().managed_fields = None;
     if let Some(pod) = (&mut obj as &mut dyn Any).downcast_mut::<k8s_openapi::api::core::v1::Pod>()
     {
-        trim_pod(pod);
+        crate::projection::project_pod(pod, fields);
     }
     obj
-}
-
-/// Drops the pod fields no hosted controller reads: the volumes and the containers' definitions
-/// (image, command, env, mounts, probes, resources). Deserialized, they are most of a pod's
-/// memory; every write to a pod is a patch of fields we own, never built from a cached copy.
-/// Kept of each container: its name and restartPolicy (a sidecar's finish time counts, JR-35).
-pub fn trim_pod(pod: &mut k8s_openapi::api::core::v1::Pod) {
-    use k8s_openapi::api::core::v1::Container;
-    let Some(spec) = pod.spec.as_mut() else {
-        return;
-    };
-    spec.volumes = None;
-    spec.ephemeral_containers = None;
-    let containers = spec
-        .containers
-        .iter_mut()
-        .chain(spec.init_containers.iter_mut().flatten());
-    for c in containers {
-        *c = Container {
-            name: std::mem::take(&mut c.name),
-            restart_policy: c.restart_policy.take(),
-            ..Default::default()
-        };
-    }
 }
 
 /// Index function: the object's namespace.
@@ -457,6 +445,7 @@ impl<K: Watched> AnyInformer for Entry<K> {
 /// The process's informer registry.
 pub struct Informers {
     client: Client,
+    pod_fields: Arc<AtomicU32>,
     stop: CancellationToken,
     entries: Mutex<Vec<(TypeId, Box<dyn AnyInformer>)>>,
     started: AtomicBool,
@@ -466,6 +455,7 @@ impl Informers {
     pub fn new(client: Client, stop: CancellationToken) -> Arc<Self> {
         Arc::new(Informers {
             client,
+            pod_fields: Arc::default(),
             stop,
             entries: Mutex::new(Vec::new()),
             started: AtomicBool::new(false),
@@ -508,7 +498,7 @@ impl Informers {
                 .expect("type id matches");
         }
         let entry = Entry {
-            informer: Arc::new(Informer::<K>::new()),
+            informer: Arc::new(Informer::<K>::new(Arc::clone(&self.pod_fields))),
             started: AtomicBool::new(false),
             namespace,
             api,
@@ -519,6 +509,17 @@ impl Informers {
         }
         entries.push((id, Box::new(entry)));
         informer
+    }
+
+    /// A controller declares the pod fields it reads (before the caches start); the pod cache
+    /// keeps the union of the declarations.
+    pub fn read_pod_fields(&self, fields: PodFields) {
+        self.pod_fields.fetch_or(fields.bits(), Ordering::AcqRel);
+    }
+
+    /// The union of the declared pod fields.
+    pub fn pod_fields(&self) -> PodFields {
+        PodFields::from_bits(self.pod_fields.load(Ordering::Acquire))
     }
 
     /// Starts every informer requested so far.
@@ -558,7 +559,7 @@ impl Informers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+    use k8s_openapi::api::core::v1::{Pod, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         ManagedFieldsEntry, ObjectMeta, OwnerReference,
     };
@@ -609,58 +610,37 @@ mod tests {
     }
 
     #[test]
-    fn pods_are_trimmed_to_what_controllers_read() {
-        let mut p: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "a", "namespace": "ns", "labels": {"l": "v"}},
-            "spec": {
-                "nodeName": "n1",
-                "restartPolicy": "Never",
-                "tolerations": [{"key": "k", "operator": "Exists"}],
-                "volumes": [{"name": "v", "emptyDir": {}}],
-                "initContainers": [{"name": "side", "image": "i", "restartPolicy": "Always",
-                                    "env": [{"name": "E", "value": "1"}]}],
-                "containers": [{"name": "main", "image": "i", "command": ["sh"],
-                                "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]
-            },
-            "status": {"phase": "Running", "containerStatuses": [{"name": "main", "image": "i",
-                "imageID": "", "ready": true, "restartCount": 0}]}
-        }))
-        .unwrap();
-        let status = p.status.clone();
-        p = strip(p);
-        let spec = p.spec.as_ref().unwrap();
-        assert_eq!(spec.volumes, None);
-        assert_eq!(spec.containers.len(), 1);
+    fn the_pod_cache_keeps_the_union_of_declared_fields() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let _guard = rt.enter();
+        let informers = Informers::new(Client::try_from(config).unwrap(), CancellationToken::new());
+        informers.read_pod_fields(PodFields::TOLERATIONS);
+        informers.read_pod_fields(PodFields::CONTAINER_STATUSES);
+        let pods = informers.get::<Pod>();
+        let mut p = pod("a", "1", Some("n1"), None);
+        p.spec.as_mut().unwrap().tolerations = Some(vec![Default::default()]);
+        p.spec.as_mut().unwrap().volumes = Some(vec![Default::default()]);
+        pods.testkit_apply(p);
+        let cached = pods.get("ns/a").unwrap();
+        let spec = cached.spec.as_ref().unwrap();
+        assert!(spec.tolerations.is_some(), "declared by one controller");
+        assert!(spec.volumes.is_none(), "declared by none");
         assert_eq!(
-            spec.containers[0],
-            Container {
-                name: "main".into(),
-                ..Default::default()
-            }
+            informers.pod_fields(),
+            PodFields::TOLERATIONS | PodFields::CONTAINER_STATUSES
         );
-        let init = &spec.init_containers.as_ref().unwrap()[0];
-        assert_eq!(
-            (init.name.as_str(), init.restart_policy.as_deref()),
-            ("side", Some("Always"))
-        );
-        assert_eq!(init.env, None);
-        // What the controllers do read is untouched.
-        assert_eq!(spec.node_name.as_deref(), Some("n1"));
-        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
-        assert_eq!(spec.tolerations.as_ref().map(Vec::len), Some(1));
-        assert_eq!(p.status, status);
-        assert!(p.metadata.labels.is_some());
     }
 
     #[test]
     fn events_indexes_and_stripping() {
-        let inf = Informer::<Pod>::new();
+        let inf = Informer::<Pod>::new(Arc::default());
         inf.add_index(INDEX_POD_NODE, pod_by_node);
         inf.add_index(INDEX_CONTROLLER_UID, by_controller_uid);
         let log = recorded(&inf);
-        inf.apply(strip(pod("a", "1", Some("n1"), Some("u1"))));
-        inf.apply(strip(pod("b", "1", Some("n1"), None)));
-        inf.apply(strip(pod("a", "2", Some("n2"), Some("u1"))));
+        inf.apply(inf.strip(pod("a", "1", Some("n1"), Some("u1"))));
+        inf.apply(inf.strip(pod("b", "1", Some("n1"), None)));
+        inf.apply(inf.strip(pod("a", "2", Some("n2"), Some("u1"))));
         assert!(inf.get("ns/a").unwrap().metadata.managed_fields.is_none());
         let names = |v: Vec<Arc<Pod>>| {
             let mut n: Vec<String> = v.iter().map(|p| p.name_any()).collect();
@@ -683,7 +663,7 @@ mod tests {
 
     #[test]
     fn relist_emits_only_differences_and_marks_synced() {
-        let inf = Informer::<Pod>::new();
+        let inf = Informer::<Pod>::new(Arc::default());
         inf.add_index(INDEX_NAMESPACE, by_namespace);
         let log = recorded(&inf);
         assert!(!inf.has_synced());

@@ -434,7 +434,8 @@ impl Kit {
     }
 
     /// Puts objects in both the cache (running handlers) and the tracker, and marks the cache
-    /// synced.
+    /// synced. Call it after the controller's `init`: pods are projected to the fields declared
+    /// by then, as in production where every declaration precedes the first list.
     pub fn seed<K: Watched + Serialize>(&self, objects: impl IntoIterator<Item = K>) {
         let informer = self.informers.get::<K>();
         for obj in objects {

@@ -16,6 +16,7 @@ use kube::ResourceExt;
 use shared::apierr::{Classify, ErrorKind};
 use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
 use shared::informers::{Change, INDEX_POD_NODE, object_key, pod_by_node};
+use shared::projection::PodFields;
 use shared::ratelimit::BackoffConfig;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,6 +77,8 @@ pub fn pod_relevant(change: &Change<Pod>) -> bool {
 
 /// Wires the controller to the shared caches and the runtime.
 pub fn init(setup: Setup) -> Result<Box<dyn Controller>, InitError> {
+    // Of a pod: its node and tolerations (nodeName is always kept).
+    setup.informers.read_pod_fields(PodFields::TOLERATIONS);
     let pods = setup.informers.get::<Pod>();
     pods.add_index(INDEX_POD_NODE, pod_by_node);
     let nodes = setup.informers.get::<Node>();

@@ -173,9 +173,10 @@ async fn repeated_failures_warn_and_keep_retrying() {
 #[tokio::test(start_paused = true)]
 async fn taking_over_processes_already_tainted_nodes() {
     let kit = Kit::new();
+    let controller = init(kit.setup(DECLARATION.name, DECLARATION.event_source)).unwrap();
     kit.seed([node("n1", &[("dead", "NoExecute")]), node("n2", &[])]);
     kit.seed([pod("p", "n1", None), pod("q", "n2", None)]);
-    let running = kit.start(init(kit.setup(DECLARATION.name, DECLARATION.event_source)).unwrap());
+    let running = kit.start(controller);
     assert!(eventually(Duration::from_secs(1), || deleted(&kit, "p")).await);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(!deleted(&kit, "q"));
