@@ -28,30 +28,7 @@ struct Cli {
 #[derive(clap::Subcommand, Debug)]
 enum Command {
     /// Checks a CronJob schedule and prints its next run times, on the controller's own code.
-    Schedule(ScheduleArgs),
-}
-
-#[derive(clap::Args, Debug)]
-struct ScheduleArgs {
-    /// The schedule, as in spec.schedule (quote it). Not with --batch.
-    schedule: Option<String>,
-    /// spec.timeZone (IANA name); unset means the default zone.
-    #[arg(long)]
-    time_zone: Option<String>,
-    /// Count from this instant (RFC 3339); default now.
-    #[arg(long)]
-    from: Option<String>,
-    /// How many run times to print.
-    #[arg(long, default_value_t = 5)]
-    count: usize,
-    #[arg(long, value_enum, default_value_t = cronjob::schedule::DstPolicy::Cron)]
-    dst_policy: cronjob::schedule::DstPolicy,
-    /// `text` or `json` ({"valid", "error", "next"}).
-    #[arg(long, default_value = "text")]
-    output: String,
-    /// Read JSON lines {"schedule", "timeZone", "from"} on stdin; write one JSON answer per line.
-    #[arg(long)]
-    batch: bool,
+    Schedule(cronjob::cli::ScheduleArgs),
 }
 
 /// `--version`: the crate version and the bundled IANA time zone release (CR-12).
@@ -101,75 +78,6 @@ fn catalogue(cli: &Cli) -> Vec<Registration> {
     ]
 }
 
-/// `pilothouse schedule`: exit 0 when every schedule is valid, 1 otherwise, 2 on bad usage.
-fn schedule_command(cli: &Cli, args: &ScheduleArgs) -> ExitCode {
-    use std::io::{BufRead, Write};
-    let zones = match cronjob::Zones::from_flag(&cli.cronjob.cronjob_default_time_zone) {
-        Ok(z) => z,
-        Err(e) => {
-            eprintln!("pilothouse: --cronjob-default-time-zone: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let json = args.output == "json" || args.batch;
-    if args.batch {
-        let stdin = std::io::stdin();
-        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        let mut all_valid = true;
-        for line in stdin.lock().lines() {
-            let Ok(line) = line else { break };
-            if line.trim().is_empty() {
-                continue;
-            }
-            let answer = match serde_json::from_str::<cronjob::cli::Query>(&line) {
-                Ok(q) => cronjob::cli::answer(&q, args.count, args.dst_policy, &zones),
-                Err(e) => cronjob::cli::Answer {
-                    valid: false,
-                    error: Some(format!("input line: {e}")),
-                    next: Vec::new(),
-                },
-            };
-            all_valid &= answer.valid;
-            let _ = writeln!(
-                out,
-                "{}",
-                serde_json::to_string(&answer).unwrap_or_default()
-            );
-        }
-        let _ = out.flush();
-        return if all_valid {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        };
-    }
-    let Some(schedule) = args.schedule.clone() else {
-        eprintln!("pilothouse schedule: give a schedule, or --batch");
-        return ExitCode::from(2);
-    };
-    let q = cronjob::cli::Query {
-        schedule,
-        time_zone: args.time_zone.clone(),
-        from: args.from.clone(),
-    };
-    let answer = cronjob::cli::answer(&q, args.count, args.dst_policy, &zones);
-    if json {
-        println!("{}", serde_json::to_string(&answer).unwrap_or_default());
-    } else if let Some(e) = &answer.error {
-        println!("invalid: {e}");
-    } else {
-        println!("valid; next {} run times:", answer.next.len());
-        for t in &answer.next {
-            println!("  {t}");
-        }
-    }
-    if answer.valid {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
-}
-
 fn main() -> ExitCode {
     let command = Cli::command().version(version_text());
     let matches = command.clone().get_matches();
@@ -178,7 +86,7 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     if let Some(Command::Schedule(args)) = &cli.command {
-        return schedule_command(&cli, args);
+        return cronjob::cli::run(&cli.cronjob, args);
     }
     let set = SetFlags::from_matches(&command, &matches);
     shared::logging::init(cli.manager.logging_format, cli.manager.verbosity);

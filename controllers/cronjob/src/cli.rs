@@ -2,9 +2,35 @@
 //! controller's parser and evaluator.
 
 use crate::schedule::DstPolicy;
-use crate::{Zones, parse_for};
+use crate::{CronJobOptions, Zones, parse_for};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+
+// `pilothouse schedule`'s arguments (no doc comment: clap would make it the subcommand's about).
+#[derive(clap::Args, Debug)]
+pub struct ScheduleArgs {
+    /// The schedule, as in spec.schedule (quote it). Not with --batch.
+    pub schedule: Option<String>,
+    /// spec.timeZone (IANA name); unset means the default zone.
+    #[arg(long)]
+    pub time_zone: Option<String>,
+    /// Count from this instant (RFC 3339); default now.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// How many run times to print.
+    #[arg(long, default_value_t = 5)]
+    pub count: usize,
+    #[arg(long, value_enum, default_value_t = DstPolicy::Cron)]
+    pub dst_policy: DstPolicy,
+    /// `text` or `json` ({"valid", "error", "next"}).
+    #[arg(long, default_value = "text")]
+    pub output: String,
+    /// Read JSON lines {"schedule", "timeZone", "from"} on stdin; write one JSON answer per line.
+    #[arg(long)]
+    pub batch: bool,
+}
 
 /// One question: a schedule, its optional `spec.timeZone`, and the instant to count from.
 #[derive(Clone, Debug, Deserialize)]
@@ -59,5 +85,73 @@ pub fn answer(q: &Query, count: usize, policy: DstPolicy, zones: &Zones) -> Answ
                 next,
             }
         }
+    }
+}
+
+/// `pilothouse schedule`: exit 0 when every schedule is valid, 1 otherwise, 2 on bad usage.
+pub fn run(opts: &CronJobOptions, args: &ScheduleArgs) -> ExitCode {
+    let zones = match Zones::from_flag(&opts.cronjob_default_time_zone) {
+        Ok(z) => z,
+        Err(e) => {
+            eprintln!("pilothouse: --cronjob-default-time-zone: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let json = args.output == "json" || args.batch;
+    if args.batch {
+        let stdin = std::io::stdin();
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        let mut all_valid = true;
+        for line in stdin.lock().lines() {
+            let Ok(line) = line else { break };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let answer = match serde_json::from_str::<Query>(&line) {
+                Ok(q) => answer(&q, args.count, args.dst_policy, &zones),
+                Err(e) => Answer {
+                    valid: false,
+                    error: Some(format!("input line: {e}")),
+                    next: Vec::new(),
+                },
+            };
+            all_valid &= answer.valid;
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&answer).unwrap_or_default()
+            );
+        }
+        let _ = out.flush();
+        return if all_valid {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        };
+    }
+    let Some(schedule) = args.schedule.clone() else {
+        eprintln!("pilothouse schedule: give a schedule, or --batch");
+        return ExitCode::from(2);
+    };
+    let q = Query {
+        schedule,
+        time_zone: args.time_zone.clone(),
+        from: args.from.clone(),
+    };
+    let answer = answer(&q, args.count, args.dst_policy, &zones);
+    if json {
+        println!("{}", serde_json::to_string(&answer).unwrap_or_default());
+    } else if let Some(e) = &answer.error {
+        println!("invalid: {e}");
+    } else {
+        println!("valid; next {} run times:", answer.next.len());
+        for t in &answer.next {
+            println!("  {t}");
+        }
+    }
+    if answer.valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

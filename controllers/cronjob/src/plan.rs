@@ -72,8 +72,11 @@ pub fn most_recent(
 ) -> Recent {
     let mut earliest = last_schedule(cj).unwrap_or_else(|| creation(cj));
     if with_deadline && let Some(sds) = spec_sds(cj) {
-        let deadline = now - secs(sds);
-        if deadline > earliest {
+        // A deadline reaching before the earliest representable time clamps nothing (int64
+        // seconds are API-valid; the subtraction must not panic).
+        if let Ok(deadline) = now.checked_sub(secs(sds))
+            && deadline > earliest
+        {
             earliest = deadline;
         }
     }
@@ -249,7 +252,7 @@ pub fn plan(
         return out;
     }
     if let Some(sds) = spec_sds(cj)
-        && scheduled + secs(sds) < now
+        && scheduled.checked_add(secs(sds)).is_ok_and(|d| d < now)
     {
         // CR-25; B-11: reported once per missed slot.
         if warned_slot != Some(scheduled) {

@@ -169,6 +169,17 @@ fn cr24_many_missed_warns_and_still_starts_the_latest() {
     assert_eq!(r.missed, Missed::Few);
 }
 
+/// API-valid extremes: startingDeadlineSeconds = int64 max is no deadline at all, not a panic.
+#[test]
+fn cr25_int64_max_starting_deadline_neither_panics_nor_clamps() {
+    let mut c = cj("0 * * * *", "2026-03-01T09:01:00Z");
+    c.spec.starting_deadline_seconds = Some(i64::MAX);
+    assert!(matches!(
+        run(&c, "2026-03-01T10:02:00Z").decision,
+        Decision::Start { .. }
+    ));
+}
+
 #[test]
 fn cr25_past_the_deadline_is_skipped_silently_as_upstream() {
     // startingDeadlineSeconds also moves `earliest` to now - SDS, so every slot found is younger

@@ -3,9 +3,10 @@
 //! its errors the same way; `next` evaluates either exactly as upstream or under the DST policy
 //! of B-12 ([`DstPolicy`]).
 
-use shared::gocompat::{atoi, parse_duration};
-use crate::zone::Zone;
+use crate::zone::{Zone, Zones};
 use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::CronJob;
+use shared::gocompat::{atoi, parse_duration};
 
 const STAR: u64 = 1 << 63;
 
@@ -319,6 +320,47 @@ impl Schedule {
         }?;
         Timestamp::from_second(secs).ok()
     }
+}
+
+/// The text upstream hands the parser (`formatSchedule`): a schedule mentioning `TZ` as it is,
+/// otherwise prefixed with `TZ=<spec.timeZone> ` when the zone loads. The flag says the schedule
+/// itself names a zone (grandfathered, CR-13).
+pub fn format_schedule(cj: &CronJob, zones: &Zones) -> (String, bool) {
+    let schedule = cj.spec.schedule.clone();
+    if schedule.contains("TZ") {
+        return (schedule, true);
+    }
+    match cj.spec.time_zone.as_deref() {
+        Some(tz) if zones.load(tz).is_ok() => (format!("TZ={tz} {schedule}"), false),
+        _ => (schedule, false),
+    }
+}
+
+/// What `pilothouse schedule` and the controller both run: parse as the controller would for a
+/// CronJob with this schedule and `spec.timeZone`.
+pub fn parse_for(
+    schedule: &str,
+    time_zone: Option<&str>,
+    zones: &Zones,
+) -> Result<Schedule, String> {
+    let cj = CronJob {
+        spec: k8s_openapi::api::batch::v1::CronJobSpec {
+            schedule: schedule.to_string(),
+            time_zone: time_zone.map(str::to_string),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    if let Some(tz) = time_zone {
+        zones.load(tz).map_err(|e| {
+            format!(
+                "invalid timeZone: {}: {e}",
+                shared::gocompat::strconv_quote(tz)
+            )
+        })?;
+    }
+    let (text, _) = format_schedule(&cj, zones);
+    parse(&text, zones)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use jiff::civil::DateTime;
 use jiff::tz::{AmbiguousOffset, TimeZone, TimeZoneDatabase};
 use std::sync::{Arc, OnceLock};
 
-use crate::schedule::Fields;
+use crate::schedule::{Fields, ZoneSource};
 
 /// A zone a schedule is evaluated in.
 #[derive(Clone, Debug)]
@@ -379,6 +379,33 @@ fn run_times_on(f: &Fields, zone: &Zone, day: i64) -> Vec<i64> {
     out.sort_unstable();
     out.dedup();
     out
+}
+
+/// The zones a controller resolves: the bundled database, and its default zone as `Local`.
+#[derive(Clone, Debug)]
+pub struct Zones {
+    pub local: Zone,
+}
+
+impl Zones {
+    /// From `--cronjob-default-time-zone`.
+    pub fn from_flag(name: &str) -> Result<Zones, String> {
+        let local = if name.is_empty() {
+            Zone::process_local()
+        } else {
+            Zone::load(name, &Zone::utc())?
+        };
+        Ok(Zones { local })
+    }
+}
+
+impl ZoneSource for Zones {
+    fn load(&self, name: &str) -> Result<Zone, String> {
+        Zone::load(name, &self.local)
+    }
+    fn local(&self) -> Zone {
+        self.local.clone()
+    }
 }
 
 #[cfg(test)]
