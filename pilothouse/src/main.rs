@@ -44,36 +44,16 @@ fn version_text() -> String {
 /// aliases. A planned controller cannot be enabled.
 fn catalogue(cli: &Cli) -> Vec<Registration> {
     vec![
-        Registration::built(
-            job::NAME,
-            &["job"],
-            true,
-            Box::new(job::init(cli.job.clone())),
-        ),
-        Registration::built(
-            cronjob::NAME,
-            &["cronjob"],
-            true,
-            Box::new(cronjob::init(cli.cronjob.clone())),
-        ),
+        job::registration(cli.job.clone()),
+        cronjob::registration(cli.cronjob.clone()),
         Registration::planned("statefulset-controller", &["statefulset"]),
         Registration::planned("endpointslice-controller", &["endpointslice"]),
         Registration::planned(
             "endpointslice-mirroring-controller",
             &["endpointslicemirroring"],
         ),
-        Registration::built(
-            node_lifecycle::NAME,
-            &["nodelifecycle"],
-            true,
-            Box::new(node_lifecycle::init(cli.node_lifecycle.clone())),
-        ),
-        Registration::built(
-            taint_eviction::NAME,
-            &[],
-            true,
-            Box::new(taint_eviction::init),
-        ),
+        node_lifecycle::registration(cli.node_lifecycle.clone()),
+        taint_eviction::registration(),
         Registration::planned("node-maintenance-controller", &[]),
     ]
 }

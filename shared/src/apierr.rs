@@ -135,11 +135,17 @@ mod tests {
 
     #[test]
     fn classifies_api_answers() {
-        assert_eq!(classify(&api(409, "AlreadyExists")), ErrorKind::AlreadyExists);
+        assert_eq!(
+            classify(&api(409, "AlreadyExists")),
+            ErrorKind::AlreadyExists
+        );
         assert_eq!(classify(&api(409, "Conflict")), ErrorKind::Conflict);
         assert_eq!(classify(&api(404, "NotFound")), ErrorKind::NotFound);
         assert_eq!(classify(&api(422, "Invalid")), ErrorKind::Invalid);
-        assert_eq!(classify(&api(429, "TooManyRequests")), ErrorKind::TooManyRequests);
+        assert_eq!(
+            classify(&api(429, "TooManyRequests")),
+            ErrorKind::TooManyRequests
+        );
         assert_eq!(classify(&api(500, "InternalError")), ErrorKind::ServerError);
         assert_eq!(classify(&api(504, "Timeout")), ErrorKind::Timeout);
         assert_eq!(classify(&api(418, "")), ErrorKind::ClientError);

@@ -9,8 +9,8 @@
 //! metrics and panic containment, and draining on shutdown.
 
 use crate::apierr::Classify;
-use crate::clock::Clock;
 use crate::client::{self, ClientSpec, WriteFence};
+use crate::clock::Clock;
 use crate::events::EventRecorder;
 use crate::flags::{ControllerInfo, FeatureGates};
 use crate::informers::{Change, Informer, Informers, Watched};
@@ -229,6 +229,17 @@ impl Wiring {
                 handler(change);
             }
         });
+    }
+
+    /// Calls `handler` for each change of `informer` on every replica, leading or not. Only for
+    /// what upstream does in its event handlers regardless of leadership, such as counting a
+    /// metric; such handlers must only count, never queue or write.
+    pub fn on_change_every_replica<K: Watched>(
+        &mut self,
+        informer: &Informer<K>,
+        handler: impl Fn(&Change<K>) + Send + Sync + 'static,
+    ) {
+        informer.on_change(handler);
     }
 
     /// Queues the keys `keys` maps each change to (a pure function of the change), while
@@ -497,6 +508,49 @@ mod tests {
             "errors are labelled by kind: {text}"
         );
         assert!(text.contains("result=\"success\""), "{text}");
+    }
+
+    #[tokio::test]
+    async fn workers_never_overlap_on_one_key_and_retry_errors() {
+        let metrics = Metrics::new();
+        let q: Arc<Queue<String>> = Queue::new(
+            "overlap",
+            BackoffConfig::exponential(Duration::from_millis(1), Duration::from_millis(4)),
+            &metrics,
+        );
+        let running = Arc::new(AtomicUsize::new(0));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (r, c) = (Arc::clone(&running), Arc::clone(&calls));
+        let q2 = Arc::clone(&q);
+        let workers = serve(Arc::clone(&q), 4, "c", &metrics, move |_k: String| {
+            let (r, c, q2) = (Arc::clone(&r), Arc::clone(&c), Arc::clone(&q2));
+            async move {
+                assert_eq!(
+                    r.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two workers on one key"
+                );
+                // Re-adding while processing must not start a concurrent sync.
+                q2.add("k".into());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                let n = c.fetch_add(1, Ordering::SeqCst);
+                if n < 3 { Err(Boom) } else { Ok(Next::Done) }
+            }
+        });
+        let (q3, c) = (Arc::clone(&q), Arc::clone(&calls));
+        let driver = async move {
+            q3.add("k".into());
+            for _ in 0..200 {
+                if c.load(Ordering::SeqCst) >= 6 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            q3.shut_down();
+        };
+        tokio::join!(workers, driver);
+        assert!(calls.load(Ordering::SeqCst) >= 6);
     }
 
     #[tokio::test]

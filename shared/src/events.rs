@@ -11,10 +11,10 @@
 //! kube's `Recorder` does none of this and folds events that differ in their note into a series
 //! that keeps only the first note.
 
+use crate::writer::{PatchKind, Writer};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use crate::writer::{PatchKind, Writer};
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};

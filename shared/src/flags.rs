@@ -63,7 +63,8 @@ impl FeatureGates {
 /// Parses a duration flag as Go's `time.ParseDuration` does (the one parser, in
 /// [`crate::gocompat`]); negative durations make no sense for any of our options.
 pub fn parse_go_duration(s: &str) -> Result<Duration, FlagError> {
-    let nanos = crate::gocompat::parse_duration(s).map_err(|_| FlagError::Duration(s.to_string()))?;
+    let nanos =
+        crate::gocompat::parse_duration(s).map_err(|_| FlagError::Duration(s.to_string()))?;
     u64::try_from(nanos)
         .map(Duration::from_nanos)
         .map_err(|_| FlagError::Duration(s.to_string()))

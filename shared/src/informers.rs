@@ -7,6 +7,7 @@
 //! and must only map the event to keys and enqueue them: nothing blocks, so no consumer can stall
 //! the watch (unlike a bounded broadcast).
 
+use crate::projection::PodFields;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
@@ -16,7 +17,6 @@ use serde::de::DeserializeOwned;
 use std::any::{Any, TypeId};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
-use crate::projection::PodFields;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch as tokio_watch;
@@ -358,7 +358,10 @@ impl<K: Watched> Informer<K> {
     /// What the cache keeps of an object: no managedFields, and of a pod only what the enabled
     /// controllers declared ([`crate::projection`]).
     fn strip(&self, obj: K) -> K {
-        strip(obj, PodFields::from_bits(self.pod_fields.load(Ordering::Acquire)))
+        strip(
+            obj,
+            PodFields::from_bits(self.pod_fields.load(Ordering::Acquire)),
+        )
     }
 }
 
@@ -480,6 +483,24 @@ impl Informers {
     {
         let ns = namespace.to_string();
         self.get_scoped(Some(ns.clone()), Box::new(move |c| Api::namespaced(c, &ns)))
+    }
+
+    /// The informer for `K` in whatever scope the controller under test requested it
+    /// (cluster-wide if it has not).
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn testkit_get<K: Watched>(&self) -> Arc<Informer<K>> {
+        let existing = self
+            .entries
+            .lock()
+            .expect("registry lock")
+            .iter()
+            .find(|(t, _)| *t == TypeId::of::<K>())
+            .map(|(_, e)| {
+                e.as_any()
+                    .downcast::<Informer<K>>()
+                    .expect("type id matches")
+            });
+        existing.unwrap_or_else(|| self.get::<K>())
     }
 
     fn get_scoped<K: Watched>(&self, namespace: Option<String>, api: ApiFn<K>) -> Arc<Informer<K>> {
@@ -612,7 +633,9 @@ mod tests {
     #[test]
     fn the_pod_cache_keeps_the_union_of_declared_fields() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let _guard = rt.enter();
         let informers = Informers::new(Client::try_from(config).unwrap(), CancellationToken::new());
         informers.read_pod_fields(PodFields::TOLERATIONS);

@@ -50,10 +50,12 @@ impl<K: Resource> OwnWrites<K> {
         let Some(replaced) = rv(before) else { return };
         let mut map = self.lock();
         let after = Arc::new(after);
-        let w = map.entry(uid(before).to_string()).or_insert_with(|| Written {
-            replaced: Vec::new(),
-            last: Arc::clone(&after),
-        });
+        let w = map
+            .entry(uid(before).to_string())
+            .or_insert_with(|| Written {
+                replaced: Vec::new(),
+                last: Arc::clone(&after),
+            });
         if w.replaced.len() >= REMEMBERED {
             w.replaced.remove(0);
         }
@@ -128,14 +130,20 @@ mod tests {
         assert!(w.is_stale(&node("u", "1")));
         assert!(w.is_stale(&node("u", "2")));
         assert_eq!(
-            w.freshest(Arc::new(node("u", "1"))).metadata.resource_version.as_deref(),
+            w.freshest(Arc::new(node("u", "1")))
+                .metadata
+                .resource_version
+                .as_deref(),
             Some("3")
         );
         // Another object with the same name is not ours.
         assert!(!w.is_stale(&node("other", "1")));
         // Caught up: the cache wins and the record goes.
         assert_eq!(
-            w.freshest(Arc::new(node("u", "3"))).metadata.resource_version.as_deref(),
+            w.freshest(Arc::new(node("u", "3")))
+                .metadata
+                .resource_version
+                .as_deref(),
             Some("3")
         );
         assert!(w.is_empty());

@@ -146,7 +146,11 @@ mod tests {
         );
         let init = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(
-            (init.name.as_str(), init.restart_policy.as_deref(), init.env.as_ref()),
+            (
+                init.name.as_str(),
+                init.restart_policy.as_deref(),
+                init.env.as_ref()
+            ),
             ("side", Some("Always"), None)
         );
         assert_eq!(spec.node_name.as_deref(), Some("n1"));

@@ -8,13 +8,11 @@ use crate::ratelimit::{BackoffConfig, ItemBackoff};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
-use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 /// The latest a delayed add waits: far enough to mean "never" for any controller, near enough
 /// that every platform's `Instant` can hold it.
@@ -22,8 +20,7 @@ pub const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// `now + delay`, capped at `now + FAR_FUTURE`: never panics on a user-supplied duration.
 pub fn far_or(now: Instant, delay: Duration) -> Instant {
-    now.checked_add(delay.min(FAR_FUTURE))
-        .unwrap_or(now)
+    now.checked_add(delay.min(FAR_FUTURE)).unwrap_or(now)
 }
 
 pub trait QueueKey: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static {}
@@ -313,48 +310,9 @@ pub enum Next {
     After(Duration),
 }
 
-/// Runs `workers` workers over `queue` until it shuts down, each calling `sync` for a key.
-/// An error re-queues the key with its per-key backoff; success forgets the failures.
-/// Returns once every worker has finished its current key.
-pub async fn run_workers<K, F, Fut, E>(queue: Arc<Queue<K>>, workers: usize, sync: F)
-where
-    K: QueueKey,
-    F: Fn(K) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Next, E>> + Send + 'static,
-    E: std::fmt::Display + Send + 'static,
-{
-    let sync = Arc::new(sync);
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..workers.max(1) {
-        let queue = Arc::clone(&queue);
-        let sync = Arc::clone(&sync);
-        set.spawn(async move {
-            while let Some(key) = queue.get().await {
-                let span = tracing::info_span!("sync", queue = queue.name(), key = ?key);
-                let result = sync(key.clone()).instrument(span.clone()).await;
-                match result {
-                    Ok(Next::Done) => queue.forget(&key),
-                    Ok(Next::After(d)) => {
-                        queue.forget(&key);
-                        queue.add_after(key.clone(), d);
-                    }
-                    Err(e) => {
-                        let _g = span.enter();
-                        tracing::warn!(retries = queue.num_requeues(&key), error = %e, "sync failed; retrying with backoff");
-                        queue.add_rate_limited(key.clone());
-                    }
-                }
-                queue.done(&key);
-            }
-        });
-    }
-    while set.join_next().await.is_some() {}
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn queue(name: &str) -> Arc<Queue<String>> {
         Queue::new(
@@ -440,41 +398,6 @@ mod tests {
         assert_eq!(h.await.unwrap(), None);
         q.add("x".into());
         assert!(q.is_empty(), "adds after shutdown are dropped");
-    }
-
-    #[tokio::test]
-    async fn workers_never_overlap_on_one_key_and_retry_errors() {
-        let q = queue("overlap");
-        let running = Arc::new(AtomicUsize::new(0));
-        let calls = Arc::new(AtomicUsize::new(0));
-        let (r, c) = (Arc::clone(&running), Arc::clone(&calls));
-        let q2 = Arc::clone(&q);
-        let runner = tokio::spawn(run_workers(Arc::clone(&q), 4, move |_k: String| {
-            let (r, c, q2) = (Arc::clone(&r), Arc::clone(&c), Arc::clone(&q2));
-            async move {
-                assert_eq!(
-                    r.fetch_add(1, Ordering::SeqCst),
-                    0,
-                    "two workers on one key"
-                );
-                // Re-adding while processing must not start a concurrent sync.
-                q2.add("k".into());
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                r.fetch_sub(1, Ordering::SeqCst);
-                let n = c.fetch_add(1, Ordering::SeqCst);
-                if n < 3 { Err("boom") } else { Ok(Next::Done) }
-            }
-        }));
-        q.add("k".into());
-        for _ in 0..200 {
-            if calls.load(Ordering::SeqCst) >= 6 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        q.shut_down();
-        runner.await.unwrap();
-        assert!(calls.load(Ordering::SeqCst) >= 6);
     }
 
     #[tokio::test]

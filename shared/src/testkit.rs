@@ -250,12 +250,23 @@ impl FakeApi {
     }
 
     /// Fails the next `times` calls of `verb` on `plural` with `code`/`reason`.
-    pub fn fail(&self, verb: &'static str, plural: &'static str, times: usize, code: u16, reason: &'static str) {
+    pub fn fail(
+        &self,
+        verb: &'static str,
+        plural: &'static str,
+        times: usize,
+        code: u16,
+        reason: &'static str,
+    ) {
         let mut left = times;
         self.fail_when(move |c| {
             if left > 0 && c.verb() == verb && c.target().plural == plural {
                 left -= 1;
-                Some(api_error(code, reason, &format!("injected {code} {reason}")))
+                Some(api_error(
+                    code,
+                    reason,
+                    &format!("injected {code} {reason}"),
+                ))
             } else {
                 None
             }
@@ -312,7 +323,11 @@ impl FakeApi {
                 Ok(v)
             }),
             Call::Replace(t, v) => {
-                let stored = s.objects.get(&id(&t)).cloned().ok_or_else(|| not_found(&t))?;
+                let stored = s
+                    .objects
+                    .get(&id(&t))
+                    .cloned()
+                    .ok_or_else(|| not_found(&t))?;
                 if let Some(want) = meta_str(&v, "resourceVersion")
                     && Some(want) != meta_str(&stored, "resourceVersion")
                 {
@@ -335,7 +350,11 @@ impl FakeApi {
                 Ok(next)
             }
             Call::Patch(t, kind, patch) => {
-                let mut next = s.objects.get(&id(&t)).cloned().ok_or_else(|| not_found(&t))?;
+                let mut next = s
+                    .objects
+                    .get(&id(&t))
+                    .cloned()
+                    .ok_or_else(|| not_found(&t))?;
                 if let Some(want) = meta_str(&patch, "resourceVersion")
                     && Some(want) != meta_str(&next, "resourceVersion")
                 {
@@ -350,7 +369,11 @@ impl FakeApi {
                     PatchKind::Merge => merge(&mut next, &patch, false, ""),
                     PatchKind::Strategic => merge(&mut next, &patch, true, ""),
                     PatchKind::Json => {
-                        return Err(api_error(415, "UnsupportedMediaType", "JSON patch is not supported by the test kit"));
+                        return Err(api_error(
+                            415,
+                            "UnsupportedMediaType",
+                            "JSON patch is not supported by the test kit",
+                        ));
                     }
                 }
                 set_meta(&mut next, "resourceVersion", rv.into());
@@ -363,15 +386,28 @@ impl FakeApi {
                 resource_version,
                 ..
             } => {
-                let stored = s.objects.get(&id(&target)).cloned().ok_or_else(|| not_found(&target))?;
-                if uid.as_deref().is_some_and(|u| Some(u) != meta_str(&stored, "uid")) {
-                    return Err(conflict(&target, "Precondition failed: UID in precondition does not match"));
+                let stored = s
+                    .objects
+                    .get(&id(&target))
+                    .cloned()
+                    .ok_or_else(|| not_found(&target))?;
+                if uid
+                    .as_deref()
+                    .is_some_and(|u| Some(u) != meta_str(&stored, "uid"))
+                {
+                    return Err(conflict(
+                        &target,
+                        "Precondition failed: UID in precondition does not match",
+                    ));
                 }
                 if resource_version
                     .as_deref()
                     .is_some_and(|r| Some(r) != meta_str(&stored, "resourceVersion"))
                 {
-                    return Err(conflict(&target, "Precondition failed: resourceVersion in precondition does not match"));
+                    return Err(conflict(
+                        &target,
+                        "Precondition failed: resourceVersion in precondition does not match",
+                    ));
                 }
                 s.objects.remove(&id(&target));
                 Ok(stored)
@@ -437,7 +473,7 @@ impl Kit {
     /// synced. Call it after the controller's `init`: pods are projected to the fields declared
     /// by then, as in production where every declaration precedes the first list.
     pub fn seed<K: Watched + Serialize>(&self, objects: impl IntoIterator<Item = K>) {
-        let informer = self.informers.get::<K>();
+        let informer = self.informers.testkit_get::<K>();
         for obj in objects {
             self.api.insert(&obj);
             informer.testkit_apply(obj);
@@ -447,18 +483,18 @@ impl Kit {
 
     /// A change delivered by the watch: the cache only (the tracker is left as it is).
     pub fn apply<K: Watched>(&self, obj: K) {
-        self.informers.get::<K>().testkit_apply(obj);
+        self.informers.testkit_get::<K>().testkit_apply(obj);
     }
 
     /// A deletion delivered by the watch: the cache only.
     pub fn remove<K: Watched>(&self, obj: K) {
-        self.informers.get::<K>().testkit_delete(obj);
+        self.informers.testkit_get::<K>().testkit_delete(obj);
     }
 
     /// The watch catches up with one object: the tracker's state (or its absence) reaches the
     /// cache.
     pub fn observe<K: Watched>(&self, namespace: &str, name: &str) {
-        let informer: Arc<Informer<K>> = self.informers.get::<K>();
+        let informer: Arc<Informer<K>> = self.informers.testkit_get::<K>();
         match self.api.object::<K>(namespace, name) {
             Some(obj) => informer.testkit_apply(obj),
             None => {
@@ -569,7 +605,12 @@ mod tests {
             .unwrap();
         assert_eq!(patched.metadata.finalizers, Some(vec!["b".to_string()]));
         let stale = w
-            .patch::<Pod>("ns", "p", PatchKind::Merge, json!({"metadata": {"resourceVersion": "1"}}))
+            .patch::<Pod>(
+                "ns",
+                "p",
+                PatchKind::Merge,
+                json!({"metadata": {"resourceVersion": "1"}}),
+            )
             .await;
         assert!(crate::apierr::is_conflict(&stale.unwrap_err()));
         let wrong_uid = w

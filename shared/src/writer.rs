@@ -241,7 +241,10 @@ impl Writer {
     where
         K: Resource<DynamicType = ()> + DeserializeOwned,
     {
-        from_value(self.call(Call::Get(Target::of::<K>(namespace, name))).await?)
+        from_value(
+            self.call(Call::Get(Target::of::<K>(namespace, name)))
+                .await?,
+        )
     }
 
     pub async fn create<K>(&self, namespace: &str, obj: &K) -> Result<K, kube::Error>
@@ -300,7 +303,12 @@ impl Writer {
     }
 
     /// Deletes with optional UID / resourceVersion preconditions and propagation policy.
-    pub async fn delete<K>(&self, namespace: &str, name: &str, opts: Delete) -> Result<(), kube::Error>
+    pub async fn delete<K>(
+        &self,
+        namespace: &str,
+        name: &str,
+        opts: Delete,
+    ) -> Result<(), kube::Error>
     where
         K: Resource<DynamicType = ()>,
     {
@@ -341,7 +349,10 @@ mod tests {
 
     #[test]
     fn paths_for_core_grouped_and_cluster_scoped() {
-        assert_eq!(Target::of::<Pod>("ns", "p").url_path(), "/api/v1/namespaces/ns/pods");
+        assert_eq!(
+            Target::of::<Pod>("ns", "p").url_path(),
+            "/api/v1/namespaces/ns/pods"
+        );
         assert_eq!(
             Target::of::<Job>("ns", "j").url_path(),
             "/apis/batch/v1/namespaces/ns/jobs"

@@ -2,7 +2,8 @@
 //! from the template, finalizers removed with a strategic-merge `$deleteFromPrimitiveList`
 //! (never a full update, never SSA on pods), ownership changed with upstream's adopt/release
 //! patches (carrying the pod UID as a precondition), status written as a PUT on the status
-//! subresource carrying the resourceVersion that was read (JR-54).
+//! subresource carrying the resourceVersion that was read (JR-54). Every request goes through the
+//! writer seam.
 
 use crate::plan::NewPod;
 use crate::pods::{
@@ -11,15 +12,13 @@ use crate::pods::{
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
+use shared::apierr::{is_already_exists, is_not_found};
+use shared::writer::{Delete, PatchKind, Writer};
 
 /// The API server's `MaxGeneratedNameLength` (63 − 5 random characters).
 const MAX_GENERATED_NAME_LENGTH: usize = 58;
-
-use shared::apierr::is_already_exists;
-pub use shared::apierr::{error_reason, is_conflict, is_namespace_terminating, is_not_found};
 
 pub fn controller_ref(job: &Job) -> OwnerReference {
     OwnerReference {
@@ -115,11 +114,10 @@ pub fn pod_from_template(job: &Job, new: &NewPod) -> Pod {
 /// Creates the pod. The API server already retries generated-name collisions; should one still
 /// surface as AlreadyExists, the create is retried with a new generated name (once: the caller's
 /// single creation expectation stays right, as only one pod can result).
-pub async fn create_pod(client: &Client, job: &Job, new: &NewPod) -> Result<Pod, kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &job.namespace().unwrap_or_default());
+pub async fn create_pod(writer: &Writer, job: &Job, new: &NewPod) -> Result<Pod, kube::Error> {
+    let ns = job.namespace().unwrap_or_default();
     let pod = pod_from_template(job, new);
-    let pp = PostParams::default();
-    retry_generated_name(|| api.create(&pp, &pod)).await
+    retry_generated_name(|| writer.create(&ns, &pod)).await
 }
 
 async fn retry_generated_name<T, F, Fut>(mut create: F) -> Result<T, kube::Error>
@@ -134,38 +132,30 @@ where
 }
 
 /// DELETE with the default grace period; NotFound counts as done.
-pub async fn delete_pod(client: &Client, ns: &str, name: &str) -> Result<(), kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(e) if is_not_found(&e) => Ok(()),
-        Err(e) => Err(e),
-    }
+pub async fn delete_pod(writer: &Writer, ns: &str, name: &str) -> Result<(), kube::Error> {
+    ignore_not_found(writer.delete::<Pod>(ns, name, Delete::default()).await)
 }
 
 /// JR-26 step 6: removes only our finalizer; NotFound counts as done.
-pub async fn remove_tracking_finalizer(client: &Client, pod: &Pod) -> Result<(), kube::Error> {
+pub async fn remove_tracking_finalizer(writer: &Writer, pod: &Pod) -> Result<(), kube::Error> {
     if !pods::has_tracking_finalizer(pod) {
         return Ok(());
     }
     let patch = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [TRACKING_FINALIZER]}});
-    ignore_not_found(patch_pod(client, pod, patch).await)
+    ignore_not_found(patch_pod(writer, pod, patch).await)
 }
 
 /// A strategic-merge patch of `pod`.
 async fn patch_pod(
-    client: &Client,
+    writer: &Writer,
     pod: &Pod,
     patch: serde_json::Value,
 ) -> Result<(), kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-    api.patch(
-        pods::name(pod),
-        &PatchParams::default(),
-        &Patch::Strategic(patch),
-    )
-    .await
-    .map(|_| ())
+    let ns = pod.namespace().unwrap_or_default();
+    writer
+        .patch::<Pod>(&ns, pods::name(pod), PatchKind::Strategic, patch)
+        .await
+        .map(drop)
 }
 
 /// NotFound counts as done: the pod is gone, so is what we wanted removed.
@@ -177,41 +167,39 @@ fn ignore_not_found(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
 }
 
 /// JR-63: adopt an orphan (controller reference and finalizer in one patch, pod UID checked).
-pub async fn adopt_pod(client: &Client, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
+pub async fn adopt_pod(writer: &Writer, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
     let patch = json!({"metadata": {
         "ownerReferences": [controller_ref(job)],
         "uid": pods::uid(pod),
         "finalizers": [TRACKING_FINALIZER],
     }});
-    patch_pod(client, pod, patch).await
+    patch_pod(writer, pod, patch).await
 }
 
 /// JR-63: release a pod that no longer matches (owner reference and finalizer in one patch).
-pub async fn release_pod(client: &Client, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
+pub async fn release_pod(writer: &Writer, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
     let patch = json!({"metadata": {
         "ownerReferences": [{"$patch": "delete", "uid": job.metadata.uid.clone().unwrap_or_default()}],
         "$deleteFromPrimitiveList/finalizers": [TRACKING_FINALIZER],
         "uid": pods::uid(pod),
     }});
-    ignore_not_found(patch_pod(client, pod, patch).await)
+    ignore_not_found(patch_pod(writer, pod, patch).await)
 }
 
 /// A live read of the Job (adoption re-checks that it still exists and is not being deleted).
-pub async fn get_job(client: &Client, ns: &str, name: &str) -> Result<Job, kube::Error> {
-    Api::<Job>::namespaced(client.clone(), ns).get(name).await
+pub async fn get_job(writer: &Writer, ns: &str, name: &str) -> Result<Job, kube::Error> {
+    writer.get::<Job>(ns, name).await
 }
 
 /// JR-54: PUT of the status subresource over `current` (its resourceVersion is the precondition).
 pub async fn replace_status(
-    client: &Client,
+    writer: &Writer,
     current: &Job,
     status: JobStatus,
 ) -> Result<Job, kube::Error> {
-    let api: Api<Job> = Api::namespaced(client.clone(), &current.namespace().unwrap_or_default());
     let mut job = current.clone();
     job.status = Some(status);
-    api.replace_status(&current.name_any(), &PostParams::default(), &job)
-        .await
+    writer.replace_status(&job).await
 }
 
 #[cfg(test)]

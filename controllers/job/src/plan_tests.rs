@@ -770,9 +770,9 @@ fn jr26_step8_and_jr52_finish() {
         vec![SUCCESS_CRITERIA_MET, COMPLETE]
     );
     assert!(
-        crate::status::violations(&j, &st).is_empty(),
+        crate::validation::violations(&j, &st).is_empty(),
         "{:?}",
-        crate::status::violations(&j, &st)
+        crate::validation::violations(&j, &st)
     );
     // Not while anything is uncounted.
     let mut st = t.status.clone();

@@ -1,6 +1,6 @@
 //! Pure decisions of the node-lifecycle controller (spec §2). Time is always a parameter.
 
-use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
@@ -444,6 +444,15 @@ pub fn tainting_change(node: &Node) -> Option<TaintChange> {
     })
 }
 
+/// NL-6/NL-7: a pod is marked `Ready=False` only if it has a Ready condition that is not False.
+pub fn pod_needs_not_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status != "False")
+}
+
 /// Per-zone counts for NL-12 and the §7 gauges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ZoneCounts {
@@ -838,6 +847,32 @@ mod tests {
             None
         );
         assert_eq!(tainting_change(&node(&[], &[], &[], false)), None);
+    }
+
+    #[test]
+    fn pod_marking_nl6_nl7() {
+        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        let pod = |ready: Option<&str>| Pod {
+            status: Some(PodStatus {
+                conditions: ready.map(|s| {
+                    vec![PodCondition {
+                        type_: "Ready".into(),
+                        status: s.into(),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(pod_needs_not_ready(&pod(Some("True"))));
+        assert!(pod_needs_not_ready(&pod(Some("Unknown"))));
+        assert!(!pod_needs_not_ready(&pod(Some("False"))));
+        assert!(
+            !pod_needs_not_ready(&pod(None)),
+            "no Ready condition: left alone"
+        );
+        assert!(!pod_needs_not_ready(&Pod::default()));
     }
 
     #[test]

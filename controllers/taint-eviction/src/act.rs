@@ -121,7 +121,10 @@ pub async fn evict(
             Err(e) => return Err(ActError::Patch(e)),
         }
     }
-    match writer.delete::<Pod>(namespace, name, Delete::with_uid(uid)).await {
+    match writer
+        .delete::<Pod>(namespace, name, Delete::with_uid(uid))
+        .await
+    {
         Ok(_) => Ok(Evicted::Deleted),
         Err(e) if is_gone(&e) => Ok(Evicted::Gone),
         Err(e) => Err(ActError::Delete(e)),

@@ -214,8 +214,7 @@ impl TaintEviction {
                 let warn = match self.timers().get_mut(key) {
                     Some(t)
                         if failures >= WARN_AFTER_FAILURES
-                            && t
-                                .last_warning
+                            && t.last_warning
                                 .is_none_or(|w| now.saturating_duration_since(w) >= WARN_EVERY) =>
                     {
                         t.last_warning = Some(now);

@@ -75,7 +75,11 @@ fn deleted(kit: &Kit, name: &str) -> bool {
 }
 
 fn event_reasons(kit: &Kit) -> Vec<String> {
-    kit.api.events().into_iter().map(|(_, r, m)| format!("{r}: {m}")).collect()
+    kit.api
+        .events()
+        .into_iter()
+        .map(|(_, r, m)| format!("{r}: {m}"))
+        .collect()
 }
 
 /// TE-3, TE-6, TE-9: an untolerated taint deletes at once: "Marking for deletion", GET, the
@@ -87,13 +91,27 @@ async fn untolerated_taint_evicts_at_once_with_condition_and_uid_precondition() 
     kit.seed([pod("p", "n1", None)]);
     kit.apply(node("n1", &[("dead", "NoExecute")]));
     assert!(eventually(Duration::from_secs(1), || deleted(&kit, "p")).await);
-    let writes: Vec<_> = kit.api.writes().iter().map(|c| format!("{} {:?}", c.verb(), c.target().subresource)).collect();
+    let writes: Vec<_> = kit
+        .api
+        .writes()
+        .iter()
+        .map(|c| format!("{} {:?}", c.verb(), c.target().subresource))
+        .collect();
     assert_eq!(writes, ["patch Some(\"status\")", "delete None"]);
-    let Call::Patch(_, _, body) = &kit.api.writes()[0] else { unreachable!() };
+    let Call::Patch(_, _, body) = &kit.api.writes()[0] else {
+        unreachable!()
+    };
     assert_eq!(body["status"]["conditions"][0]["type"], "DisruptionTarget");
     assert_eq!(body["metadata"]["uid"], "uid-p");
-    assert_eq!(event_reasons(&kit), ["TaintManagerEviction: Marking for deletion Pod ns/p"]);
-    assert!(kit.metrics.encode().contains("taint_eviction_controller_pod_deletions_total 1"));
+    assert_eq!(
+        event_reasons(&kit),
+        ["TaintManagerEviction: Marking for deletion Pod ns/p"]
+    );
+    assert!(
+        kit.metrics
+            .encode()
+            .contains("taint_eviction_controller_pod_deletions_total 1")
+    );
     running.stop().await;
 }
 
@@ -108,7 +126,10 @@ async fn toleration_seconds_delay_the_deletion() {
     assert!(!eventually(Duration::from_secs(29), || deleted(&kit, "p")).await);
     assert!(eventually(Duration::from_secs(2), || deleted(&kit, "p")).await);
     let waited = start.elapsed();
-    assert!(waited >= Duration::from_secs(30) && waited < Duration::from_secs(31), "{waited:?}");
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(31),
+        "{waited:?}"
+    );
     running.stop().await;
 }
 
@@ -139,12 +160,19 @@ async fn removing_the_taint_cancels_a_pending_deletion() {
 async fn int64_max_toleration_seconds_is_a_wait_not_a_panic() {
     let kit = kit();
     let running = kit.start(init(kit.setup(DECLARATION.name, DECLARATION.event_source)).unwrap());
-    kit.seed([pod("forever", "n1", Some(i64::MAX)), pod("now", "n1", Some(0))]);
+    kit.seed([
+        pod("forever", "n1", Some(i64::MAX)),
+        pod("now", "n1", Some(0)),
+    ]);
     kit.apply(node("n1", &[("dead", "NoExecute")]));
     assert!(eventually(Duration::from_secs(1), || deleted(&kit, "now")).await);
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert!(!deleted(&kit, "forever"));
-    assert!(!kit.metrics.encode().contains("pilothouse_reconcile_panics_total{"));
+    assert!(
+        !kit.metrics
+            .encode()
+            .contains("pilothouse_reconcile_panics_total{")
+    );
     running.stop().await;
 }
 
@@ -157,14 +185,31 @@ async fn repeated_failures_warn_and_keep_retrying() {
     let running = kit.start(init(kit.setup(DECLARATION.name, DECLARATION.event_source)).unwrap());
     kit.seed([pod("p", "n1", None)]);
     kit.apply(node("n1", &[("dead", "NoExecute")]));
-    assert!(eventually(Duration::from_secs(30), || kit.api.object::<Pod>("ns", "p").is_none()).await);
-    let deletes = kit.api.calls().iter().filter(|c| c.verb() == "delete").count();
+    assert!(
+        eventually(Duration::from_secs(30), || kit
+            .api
+            .object::<Pod>("ns", "p")
+            .is_none())
+        .await
+    );
+    let deletes = kit
+        .api
+        .calls()
+        .iter()
+        .filter(|c| c.verb() == "delete")
+        .count();
     assert_eq!(deletes, 7);
     let reasons = event_reasons(&kit);
     assert_eq!(reasons.len(), 2, "{reasons:?}");
-    assert!(reasons[1].starts_with("TaintEvictionFailed: Failed to delete pod ns/p after 5 attempts"), "{reasons:?}");
+    assert!(
+        reasons[1].starts_with("TaintEvictionFailed: Failed to delete pod ns/p after 5 attempts"),
+        "{reasons:?}"
+    );
     let text = kit.metrics.encode();
-    assert!(text.contains("pilothouse_taint_eviction_failures_total{reason=\"500\"} 6"), "{text}");
+    assert!(
+        text.contains("pilothouse_taint_eviction_failures_total{reason=\"500\"} 6"),
+        "{text}"
+    );
     assert!(text.contains("result=\"server_error\""), "{text}");
     running.stop().await;
 }

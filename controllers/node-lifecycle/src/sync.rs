@@ -1,0 +1,443 @@
+//! One sync of one node (NL-1..NL-9, NL-17) and of one pod (NL-7): observe the caches and what
+//! this controller remembers of the node, ask [`plan`] what to change, write it through
+//! [`act`]. A node's timer is a delayed requeue of its key at `probe + grace` (B-2); the full
+//! pass every `--node-monitor-period` queues every node too. Zone queues and the tainter are in
+//! [`crate::zones`].
+
+use crate::act::Act;
+use crate::metrics::{KindLabel, Metrics};
+use crate::zones::Zone;
+use crate::{Error, NODE_LEASE_NAMESPACE, NodeLifecycleOptions, plan};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use plan::{NoExecuteStep, TaintChange};
+use shared::events::{EventRecorder, core_ref};
+use shared::informers::{Change, INDEX_POD_NODE, Informer, object_key};
+use shared::queue::{Next, Queue};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// What this controller remembers of one node (in memory only, NL-2).
+pub(crate) struct NodeMemory {
+    /// The node's UID as last seen (its own writes are remembered by UID).
+    pub(crate) uid: String,
+    /// Local time of the last observed heartbeat or Lease renewal.
+    pub(crate) probe: Instant,
+    heartbeat: Option<Timestamp>,
+    renew: Option<Timestamp>,
+    /// Ready status as last evaluated (after our own writes).
+    pub(crate) ready: Option<String>,
+    pub(crate) zone: String,
+    /// Labelled `node.kubernetes.io/exclude-disruption` (left out of zone statistics).
+    excluded: bool,
+    /// When the grace period of the current outage ran out (for detection latency).
+    pub(crate) expired: Option<Instant>,
+}
+
+impl NodeMemory {
+    /// What zone states depend on: they are recomputed only when one of these changes.
+    fn zone_inputs(&self) -> (Option<String>, String, bool) {
+        (self.ready.clone(), self.zone.clone(), self.excluded)
+    }
+}
+
+pub struct NodeLifecycle {
+    pub(crate) opts: NodeLifecycleOptions,
+    pub nodes: Arc<Informer<Node>>,
+    pub(crate) leases: Arc<Informer<Lease>>,
+    pub(crate) pods: Arc<Informer<Pod>>,
+    pub queue: Arc<Queue<String>>,
+    pub(crate) pod_queue: Arc<Queue<String>>,
+    /// Per-node memory, by node name.
+    memory: Mutex<HashMap<String, NodeMemory>>,
+    pub(crate) zones: Mutex<BTreeMap<String, Zone>>,
+    /// Every zone fully disrupted (master disruption mode, NL-14).
+    pub(crate) all_full: AtomicBool,
+    /// The full pass under way: when it started and the nodes it queued that are not yet
+    /// evaluated (`node_collector_update_all_nodes_health_duration_seconds`).
+    pass: Mutex<Option<(Instant, HashSet<String>)>>,
+    pub(crate) act: Act,
+    events: EventRecorder,
+    pub(crate) metrics: Metrics,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn heartbeat(node: &Node) -> Option<Timestamp> {
+    plan::condition(node, "Ready")
+        .and_then(|c| c.last_heartbeat_time.as_ref())
+        .map(|t| t.0)
+}
+
+fn renew_time(lease: &Lease) -> Option<Timestamp> {
+    lease.spec.as_ref()?.renew_time.as_ref().map(|t| t.0)
+}
+
+/// NL-7: a pod added to or moved onto a node is synced.
+pub fn pod_keys(change: &Change<Pod>) -> Vec<String> {
+    let node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let relevant = match change {
+        Change::Added(p) => node(p).is_some(),
+        Change::Updated { old, new } => node(old) != node(new) && node(new).is_some(),
+        Change::Deleted(_) => false,
+    };
+    if relevant {
+        vec![object_key(change.object().as_ref())]
+    } else {
+        vec![]
+    }
+}
+
+impl NodeLifecycle {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        opts: NodeLifecycleOptions,
+        nodes: Arc<Informer<Node>>,
+        leases: Arc<Informer<Lease>>,
+        pods: Arc<Informer<Pod>>,
+        queue: Arc<Queue<String>>,
+        pod_queue: Arc<Queue<String>>,
+        act: Act,
+        events: EventRecorder,
+        metrics: Metrics,
+    ) -> NodeLifecycle {
+        NodeLifecycle {
+            opts,
+            nodes,
+            leases,
+            pods,
+            queue,
+            pod_queue,
+            memory: Mutex::new(HashMap::new()),
+            zones: Mutex::new(BTreeMap::new()),
+            all_full: AtomicBool::new(false),
+            pass: Mutex::new(None),
+            act,
+            events,
+            metrics,
+        }
+    }
+
+    pub(crate) fn memory(&self) -> MutexGuard<'_, HashMap<String, NodeMemory>> {
+        lock(&self.memory)
+    }
+
+    /// NL-1: the probe time is when a change is *observed*, so it is taken here, on the watch,
+    /// not when a worker gets to the node (which can be much later under load and would spread
+    /// simultaneous failures over several batch windows).
+    pub fn node_changed(&self, change: &Change<Node>) {
+        let name = change.object().name_any();
+        if let Some(hb) = heartbeat(change.object()) {
+            self.observed(&name, |m, now| {
+                if m.heartbeat != Some(hb) {
+                    m.heartbeat = Some(hb);
+                    m.probe = now;
+                }
+            });
+        }
+        self.queue.add(name);
+    }
+
+    /// NL-1: a Lease renewal later than the recorded one is a probe.
+    pub fn lease_changed(&self, change: &Change<Lease>) {
+        let lease = change.object();
+        if lease.metadata.namespace.as_deref() != Some(NODE_LEASE_NAMESPACE)
+            || matches!(change, Change::Deleted(_))
+        {
+            return;
+        }
+        let name = lease.name_any();
+        if let Some(renew) = renew_time(lease) {
+            self.observed(&name, |m, now| {
+                if m.renew.is_none_or(|r| renew > r) {
+                    m.renew = Some(renew);
+                    m.probe = now;
+                }
+            });
+        }
+        self.queue.add(name);
+    }
+
+    /// The full pass of NL-5 (and, on start, NL-17: every node counts as added).
+    pub fn full_pass(&self) {
+        let names: HashSet<String> = self.nodes.list().iter().map(|n| n.name_any()).collect();
+        {
+            // One pass is timed at a time: a pass that outlasts the period absorbs the next.
+            let mut pass = lock(&self.pass);
+            if pass.is_none() && !names.is_empty() {
+                *pass = Some((Instant::now(), names.clone()));
+            }
+        }
+        for n in names {
+            self.queue.add(n);
+        }
+    }
+
+    /// `name` has been evaluated: the timed full pass ends with its last node.
+    fn evaluated(&self, name: &str) {
+        let mut pass = lock(&self.pass);
+        if let Some((started, pending)) = pass.as_mut() {
+            pending.remove(name);
+            if pending.is_empty() {
+                self.metrics
+                    .all_nodes_duration
+                    .observe(started.elapsed().as_secs_f64());
+                *pass = None;
+            }
+        }
+    }
+
+    /// A detection-latency sample: `since` (a grace expiry) to now, less `excluded`.
+    pub(crate) fn detected(&self, kind: &'static str, since: Instant, excluded: Duration) {
+        let latency = Instant::now()
+            .saturating_duration_since(since)
+            .saturating_sub(excluded);
+        self.metrics
+            .detection
+            .get_or_create(&KindLabel { kind })
+            .observe(latency.as_secs_f64());
+    }
+
+    /// Applies an observation to a known node's memory (unknown nodes start in `observe`).
+    fn observed(&self, name: &str, f: impl FnOnce(&mut NodeMemory, Instant)) {
+        if let Some(m) = self.memory().get_mut(name) {
+            f(m, Instant::now());
+        }
+    }
+
+    /// NL-1/NL-2: updates the probe time from what the caches show; returns (probe, first time).
+    fn observe(&self, node: &Node, now: Instant) -> (Instant, bool) {
+        let name = node.name_any();
+        let uid = node.metadata.uid.clone().unwrap_or_default();
+        let hb = heartbeat(node);
+        let renew = self
+            .leases
+            .get(&format!("{NODE_LEASE_NAMESPACE}/{name}"))
+            .and_then(|l| renew_time(&l));
+        let mut memory = self.memory();
+        match memory.get_mut(&name) {
+            Some(m) => {
+                if hb.is_some() && hb != m.heartbeat {
+                    m.heartbeat = hb;
+                    m.probe = now;
+                }
+                if renew.is_some() && renew > m.renew {
+                    m.renew = renew;
+                    m.probe = now;
+                }
+                m.uid = uid;
+                m.zone = plan::zone_key(node);
+                m.excluded = plan::excluded_from_disruption(node);
+                (m.probe, false)
+            }
+            None => {
+                // A node that never posted Ready starts at its creation, unless its Lease is seen.
+                let probe = if plan::ready_status(node).is_none() && renew.is_none() {
+                    let wall = self.act.clock.now();
+                    let created = node
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map_or(wall, |t| t.0);
+                    let age = wall.duration_since(created).unsigned_abs();
+                    now.checked_sub(age).unwrap_or(now)
+                } else {
+                    now
+                };
+                memory.insert(
+                    name,
+                    NodeMemory {
+                        uid,
+                        probe,
+                        heartbeat: hb,
+                        renew,
+                        ready: plan::ready_status(node).map(Into::into),
+                        zone: plan::zone_key(node),
+                        excluded: plan::excluded_from_disruption(node),
+                        expired: None,
+                    },
+                );
+                (probe, true)
+            }
+        }
+    }
+
+    /// The node is gone from the cache: forget it (NL-17 `RemovingNode`).
+    async fn node_gone(&self, name: &str) {
+        if let Some(m) = self.memory().remove(name) {
+            self.act.own.forget(&m.uid);
+            self.events.normal(
+                &core_ref("Node", name),
+                "RemovingNode",
+                "RemoveNode",
+                format!("Node {name} event: Removing Node {name} from Controller"),
+            );
+        }
+        for z in lock(&self.zones).values_mut() {
+            z.queue.retain(|(n, _)| n != name);
+        }
+        self.recompute_zones().await;
+        self.evaluated(name);
+    }
+
+    /// One node's sync: NL-1..NL-5 health, NL-6 pods, NL-8 NoSchedule and NL-9 NoExecute taints.
+    pub async fn sync_node(&self, name: &str) -> Result<Next, Error> {
+        let started = Instant::now();
+        let now = started;
+        let Some(node) = self.nodes.get(name) else {
+            self.node_gone(name).await;
+            return Ok(Next::Done);
+        };
+        let counted = self.memory().get(name).map(NodeMemory::zone_inputs);
+        let (probe, first) = self.observe(&node, now);
+        if first {
+            self.events.normal(
+                &core_ref("Node", name),
+                "RegisteredNode",
+                "RegisterNode",
+                format!("Node {name} event: Registered Node {name} in Controller"),
+            );
+        }
+        let grace = plan::grace(
+            plan::ready_status(&node).is_some(),
+            self.opts.node_monitor_grace_period,
+            self.opts.node_startup_grace_period,
+        );
+        let due = probe + grace;
+        let mut node: Node = (*node).clone();
+        let stale = now > due;
+        if let Some(m) = self.memory().get_mut(name) {
+            m.expired = if stale { m.expired.or(Some(due)) } else { None };
+        }
+        if stale {
+            let before = plan::ready_status(&node).map(String::from);
+            // Count the node as Unknown in its zone at once (NL-5): the status write below may be
+            // slow, and zone states must see the whole batch before any NoExecute token is spent.
+            let marked = before.as_deref() != Some("Unknown")
+                && self
+                    .memory()
+                    .get_mut(name)
+                    .map(|m| m.ready = Some("Unknown".into()))
+                    .is_some();
+            if marked {
+                self.recompute_zones().await;
+            }
+            if let Some(updated) = self.act.stale_conditions(&node).await? {
+                self.detected("condition", due, Duration::ZERO);
+                node = updated;
+                if before.as_deref() == Some("True") {
+                    self.node_not_ready(&node).await;
+                }
+            }
+        }
+        if let Some(m) = self.memory().get_mut(name) {
+            m.ready = plan::ready_status(&node).map(Into::into);
+        }
+        // NL-8: NoSchedule taints, never rate limited.
+        let change = plan::no_schedule_change(&node);
+        if !change.is_empty() {
+            node = self.act.taints(&node, plan::no_schedule_change).await?;
+            if stale && change.add.iter().any(|t| t.key == plan::UNREACHABLE) {
+                self.detected("noschedule", due, Duration::ZERO);
+            }
+        }
+        // NL-9: NoExecute taints.
+        if plan::ready_status(&node).is_some() && !self.all_full.load(Ordering::Acquire) {
+            match plan::no_execute_step(&node) {
+                NoExecuteStep::Keep => {}
+                NoExecuteStep::Swap(_) => {
+                    self.act
+                        .taints(&node, |n| match plan::no_execute_step(n) {
+                            NoExecuteStep::Swap(c) => c,
+                            _ => TaintChange::default(),
+                        })
+                        .await?;
+                    if stale {
+                        self.detected("noexecute", due, Duration::ZERO);
+                    }
+                }
+                NoExecuteStep::Clear(c) => {
+                    self.dequeue(name);
+                    if !c.is_empty() {
+                        self.act
+                            .taints(&node, |n| match plan::no_execute_step(n) {
+                                NoExecuteStep::Clear(c) => c,
+                                _ => TaintChange::default(),
+                            })
+                            .await?;
+                    }
+                }
+                NoExecuteStep::Enqueue => self.enqueue(&plan::zone_key(&node), name),
+            }
+        }
+        // Zone states are a scan of every node: redo it only when this node changed what they
+        // count (a full pass must not cost O(nodes²)).
+        let after = self.memory().get(name).map(NodeMemory::zone_inputs);
+        if first || counted != after {
+            self.recompute_zones().await;
+        }
+        self.metrics
+            .node_health_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.evaluated(name);
+        Ok(if stale {
+            Next::Done
+        } else {
+            Next::After(due.saturating_duration_since(Instant::now()) + Duration::from_millis(1))
+        })
+    }
+
+    /// NL-6: the controller turned Ready from True to not-True.
+    async fn node_not_ready(&self, node: &Node) {
+        let name = node.name_any();
+        self.events.normal(
+            &core_ref("Node", &name),
+            "NodeNotReady",
+            "NodeNotReady",
+            format!("Node {name} status is now: NodeNotReady"),
+        );
+        for pod in self.pods.by_index(INDEX_POD_NODE, &name) {
+            let key = object_key(pod.as_ref());
+            if let Err(e) = self.mark_pod_not_ready(&pod).await {
+                tracing::warn!(pod = %key, error = %e, "marking pod not ready failed; retrying");
+                self.pod_queue.add_rate_limited(key);
+            }
+        }
+    }
+
+    async fn mark_pod_not_ready(&self, pod: &Pod) -> Result<(), Error> {
+        if self.act.pod_not_ready(pod).await? {
+            self.events.warning(
+                &core_ref("Pod", &object_key(pod)),
+                "NodeNotReady",
+                "MarkPodNotReady",
+                "Node is not ready",
+            );
+        }
+        Ok(())
+    }
+
+    /// NL-7: a pod on a node whose evaluated Ready is not True is marked too.
+    pub async fn sync_pod(&self, key: &str) -> Result<Next, Error> {
+        let Some(pod) = self.pods.get(key) else {
+            return Ok(Next::Done);
+        };
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return Ok(Next::Done);
+        };
+        let ready = self.memory().get(&node).map(|m| m.ready.clone());
+        match ready {
+            // Not evaluated yet: skipped.
+            None => Ok(Next::Done),
+            Some(r) if r.as_deref() == Some("True") => Ok(Next::Done),
+            Some(_) => self.mark_pod_not_ready(&pod).await.map(|_| Next::Done),
+        }
+    }
+}
