@@ -304,16 +304,38 @@ impl<K: Watched> Informer<K> {
         self.synced_tx.send_replace(true);
     }
 
+    /// Watches until `stop`. The initial state comes as a streaming list (KEP-3157, on by default
+    /// since Kubernetes 1.34): object by object over a watch, so a start never holds a whole list
+    /// response and its deserialized copy beside the cache, which is most of a large cluster's
+    /// peak memory. A server with the WatchList feature off refuses `sendInitialEvents`; the
+    /// informer then lists and watches as client-go's reflector falls back.
     async fn run(self: Arc<Self>, api: Api<K>, config: watcher::Config, stop: CancellationToken) {
+        let streaming = config.clone().streaming_lists();
+        if let Watch::Refused = self.watch(api.clone(), streaming, true, &stop).await {
+            tracing::warn!(resource = %self.resource, "the API server refuses streaming lists; listing and watching instead");
+            self.watch(api, config, false, &stop).await;
+        }
+    }
+
+    async fn watch(
+        &self,
+        api: Api<K>,
+        config: watcher::Config,
+        streaming: bool,
+        stop: &CancellationToken,
+    ) -> Watch {
         let stream = watcher::watcher(api, config).default_backoff();
         futures::pin_mut!(stream);
         let mut listing: Option<HashMap<ObjectKey, K>> = None;
+        let mut listed_once = false;
         loop {
             let next = tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => return Watch::Stopped,
                 n = stream.next() => n,
             };
-            let Some(event) = next else { return };
+            let Some(event) = next else {
+                return Watch::Stopped;
+            };
             match event {
                 Ok(Event::Init) => listing = Some(HashMap::new()),
                 Ok(Event::InitApply(obj)) => {
@@ -326,14 +348,35 @@ impl<K: Watched> Informer<K> {
                     let listed = listing.take().unwrap_or_default();
                     tracing::debug!(resource = %self.resource, objects = listed.len(), "listed");
                     self.replace(listed);
+                    listed_once = true;
                 }
                 Ok(Event::Apply(obj)) => self.apply(self.strip(obj)),
                 Ok(Event::Delete(obj)) => self.delete(self.strip(obj)),
+                Err(e) if streaming && !listed_once && streaming_refused(&e) => {
+                    return Watch::Refused;
+                }
                 Err(e) => {
                     tracing::warn!(resource = %self.resource, error = %e, "watch failed; retrying with backoff")
                 }
             }
         }
+    }
+}
+
+/// How a watch ended.
+enum Watch {
+    Stopped,
+    /// The server does not serve streaming lists.
+    Refused,
+}
+
+/// Whether the server refused a streaming list: with the WatchList feature off it rejects
+/// `sendInitialEvents` as invalid (422), or as a bad request from older versions (400).
+fn streaming_refused(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => s.code == 422 || s.code == 400,
+        watcher::Error::WatchError(s) => s.code == 422 || s.code == 400,
+        _ => false,
     }
 }
 

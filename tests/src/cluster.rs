@@ -1,7 +1,7 @@
 //! A local control plane started by `tests/cluster/up` and stopped by `tests/cluster/down` when
 //! the fixture is dropped (or explicitly with [`Cluster::down`]).
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -24,6 +24,25 @@ pub struct ClusterOptions {
     /// The kube-controller-manager controllers to turn off (those the suite's Pilothouse runs);
     /// `None`: every controller Pilothouse has built.
     pub replace: Option<Vec<&'static str>>,
+}
+
+impl Cluster {
+    /// A free loopback port reserved for this control plane until `down` (as `up` reserves
+    /// its own): outside the ephemeral range, so no connection takes it before the bind.
+    pub fn reserve_port(&self) -> Result<u16> {
+        let script = crate::repo_root().join("tests/cluster/ports");
+        let out = Command::new(&script)
+            .arg(format!("--dir={}", self.dir.display()))
+            .arg("1")
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        ensure!(
+            out.status.success(),
+            "tests/cluster/ports failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?.trim().parse()?)
+    }
 }
 
 impl Default for ClusterOptions {

@@ -442,42 +442,18 @@ pub fn job_for(cj: &CronJob, scheduled: Timestamp, zone: &Zone) -> Job {
 }
 
 pub fn controller_ref(cj: &CronJob) -> OwnerReference {
-    OwnerReference {
-        api_version: "batch/v1".into(),
-        kind: "CronJob".into(),
-        name: cj.metadata.name.clone().unwrap_or_default(),
-        uid: cj.metadata.uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
+    shared::refs::controller_ref(cj)
 }
 
 /// B-7: a Job belongs to a CronJob only through a controller reference naming kind `CronJob` in
 /// group `batch` and the CronJob's UID.
 pub fn controlled_by(job: &Job, cj_uid: &str) -> bool {
-    job.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .is_some_and(|o| {
-            o.kind == "CronJob"
-                && o.api_version.split('/').next() == Some("batch")
-                && o.uid == cj_uid
-        })
+    shared::refs::is_controlled_by_kind::<CronJob>(&job.metadata, cj_uid)
 }
 
 /// `status.active` entry for a Job (`ref.GetReference`).
 pub fn job_reference(job: &Job) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("batch/v1".into()),
-        kind: Some("Job".into()),
-        name: job.metadata.name.clone(),
-        namespace: job.metadata.namespace.clone(),
-        uid: job.metadata.uid.clone(),
-        resource_version: job.metadata.resource_version.clone(),
-        ..Default::default()
-    }
+    shared::refs::object_reference(job)
 }
 
 #[cfg(test)]

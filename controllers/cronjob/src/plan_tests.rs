@@ -425,3 +425,15 @@ fn b7_ownership_needs_kind_group_and_uid() {
     j.metadata.owner_references.as_mut().unwrap()[0].api_version = "example.com/v1".into();
     assert!(!controlled_by(&j, "cj-uid"));
 }
+
+#[test]
+fn b7_a_group_without_version_is_not_batch() {
+    let mut j = job("x", "1", None, None, None);
+    j.metadata.owner_references.as_mut().unwrap()[0].api_version = "batch".into();
+    assert!(
+        !controlled_by(&j, "cj-uid"),
+        "\"batch\" is a core version string, not group batch"
+    );
+    j.metadata.owner_references.as_mut().unwrap()[0].api_version = "batch/v1beta1".into();
+    assert!(controlled_by(&j, "cj-uid"), "any version of group batch");
+}

@@ -70,25 +70,15 @@ fn uid(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Str
     meta.uid.clone().unwrap_or_default()
 }
 
+/// The subject of the CronJob's events, as upstream's recorder builds it (`ref.GetReference`).
 fn cronjob_ref(cj: &CronJob) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("batch/v1".into()),
-        kind: Some("CronJob".into()),
-        name: cj.metadata.name.clone(),
-        namespace: cj.metadata.namespace.clone(),
-        uid: cj.metadata.uid.clone(),
-        ..Default::default()
-    }
+    shared::refs::object_reference(cj)
 }
 
 fn controller_of(
     job: &Job,
 ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
-    job.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
+    shared::refs::controller_of(&job.metadata)
 }
 
 impl CronJobs {

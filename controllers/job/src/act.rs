@@ -11,25 +11,16 @@ use crate::pods::{
 };
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use serde_json::json;
 use shared::apierr::{is_already_exists, is_not_found};
+use shared::claim;
+use shared::refs::controller_ref;
 use shared::writer::{Delete, PatchKind, Writer};
 
 /// The API server's `MaxGeneratedNameLength` (63 − 5 random characters).
 const MAX_GENERATED_NAME_LENGTH: usize = 58;
-
-pub fn controller_ref(job: &Job) -> OwnerReference {
-    OwnerReference {
-        api_version: "batch/v1".into(),
-        kind: "Job".into(),
-        name: job.name_any(),
-        uid: job.metadata.uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
 
 /// JR-12: `<job>-<i>-`, shortening only the Job-name part to fit the generated-name limit.
 pub fn indexed_generate_name(job: &str, index: i32) -> String {
@@ -168,22 +159,16 @@ fn ignore_not_found(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
 
 /// JR-63: adopt an orphan (controller reference and finalizer in one patch, pod UID checked).
 pub async fn adopt_pod(writer: &Writer, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
-    let patch = json!({"metadata": {
-        "ownerReferences": [controller_ref(job)],
-        "uid": pods::uid(pod),
-        "finalizers": [TRACKING_FINALIZER],
-    }});
+    let patch = claim::adopt_patch(&controller_ref(job), pods::uid(pod), &[TRACKING_FINALIZER]);
     patch_pod(writer, pod, patch).await
 }
 
 /// JR-63: release a pod that no longer matches (owner reference and finalizer in one patch).
+/// The caller decides which errors are no error (`shared::claim::release_error_ignored`).
 pub async fn release_pod(writer: &Writer, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
-    let patch = json!({"metadata": {
-        "ownerReferences": [{"$patch": "delete", "uid": job.metadata.uid.clone().unwrap_or_default()}],
-        "$deleteFromPrimitiveList/finalizers": [TRACKING_FINALIZER],
-        "uid": pods::uid(pod),
-    }});
-    ignore_not_found(patch_pod(writer, pod, patch).await)
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    let patch = claim::release_patch(uid, pods::uid(pod), &[TRACKING_FINALIZER]);
+    patch_pod(writer, pod, patch).await
 }
 
 /// A live read of the Job (adoption re-checks that it still exists and is not being deleted).

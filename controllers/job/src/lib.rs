@@ -66,13 +66,17 @@ pub enum Error {
     InvalidStatus { key: String, violations: String },
     #[error("the cache has not yet observed this controller's last write to {0}")]
     StaleCache(String),
+    #[error("claiming pods: {0}")]
+    Claim(String),
 }
 
 impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Api { source, .. } => source.kind(),
-            Error::InvalidStatus { .. } | Error::StaleCache(_) => ErrorKind::Other,
+            Error::InvalidStatus { .. } | Error::StaleCache(_) | Error::Claim(_) => {
+                ErrorKind::Other
+            }
         }
     }
 }

@@ -66,15 +66,9 @@ pub struct Jobs {
     pub(crate) own: OwnWrites<Job>,
 }
 
+/// The subject of the Job's events, as upstream's recorder builds it (`ref.GetReference`).
 pub(crate) fn job_ref(job: &Job) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("batch/v1".into()),
-        kind: Some("Job".into()),
-        name: job.metadata.name.clone(),
-        namespace: job.metadata.namespace.clone(),
-        uid: job.metadata.uid.clone(),
-        ..Default::default()
-    }
+    shared::refs::object_reference(job)
 }
 
 pub(crate) fn external_manager(job: &Job) -> Option<&str> {
@@ -89,11 +83,7 @@ pub(crate) fn uid_of(job: &Job) -> String {
 }
 
 pub(crate) fn pod_controller(pod: &Pod) -> Option<&OwnerReference> {
-    pod.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
+    shared::refs::controller_of(&pod.metadata)
 }
 
 impl Jobs {

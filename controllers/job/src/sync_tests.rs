@@ -3,7 +3,7 @@
 //! a test lets the watch catch up (`Kit::observe`).
 
 use crate::pods::testing::{P, pod};
-use crate::{DECLARATION, JobOptions, act, init};
+use crate::{DECLARATION, JobOptions, init};
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, JobStatus, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
     PodFailurePolicyRule,
@@ -59,7 +59,7 @@ fn job(parallelism: i32, completions: i32) -> Job {
 /// A pod of `job` (controller reference, labels, finalizer), as the watch delivers it.
 fn owned(p: P, job: &Job) -> Pod {
     let mut p = p.build();
-    p.metadata.owner_references = Some(vec![act::controller_ref(job)]);
+    p.metadata.owner_references = Some(vec![shared::refs::controller_ref(job)]);
     p.metadata.labels = Some(labels());
     p.metadata.resource_version = Some("1".into());
     p

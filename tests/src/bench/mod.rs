@@ -267,12 +267,6 @@ fn user_kubeconfig(cluster: &Cluster, user: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// The process under test on a fresh control plane.
 struct UnderTest {
     child: Child,
@@ -304,7 +298,7 @@ fn start_under_test(
             let mut c = Command::new(cluster.bin_dir()?.join("kube-controller-manager"));
             c.arg(format!("--kubeconfig={}", kc.display()))
                 .arg("--bind-address=127.0.0.1")
-                .arg(format!("--secure-port={}", free_port()?))
+                .arg(format!("--secure-port={}", cluster.reserve_port()?))
                 .arg("--leader-elect=false")
                 .arg(format!("--controllers={}", controllers.join(",")));
             c
