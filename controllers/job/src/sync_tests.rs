@@ -492,3 +492,91 @@ async fn jr46_external_jobs_are_counted_and_left_alone() {
     assert!(kit.api.calls().is_empty(), "{:?}", kit.api.calls());
     running.stop().await;
 }
+
+/// JR-63 (upstream `ClaimPods`): an owned pod that stopped matching is released (owner
+/// reference and finalizer in one patch); a matching orphan is adopted (controller reference,
+/// UID precondition and finalizer in one patch) after a live read of the Job; pods of another
+/// controller and orphans being deleted are left alone. A failed release does not stop the
+/// adoption, and fails the sync (retried); a release refused as Invalid (the pod was recreated)
+/// is no error.
+#[tokio::test(start_paused = true)]
+async fn jr63_releases_what_stopped_matching_and_adopts_matching_orphans() {
+    let kit = Kit::new();
+    let j = job(1, 1);
+    let mut moved = owned(pod("moved").running(), &j);
+    moved.metadata.labels = Some(BTreeMap::from([("job-name".into(), "other".into())]));
+    let mut orphan = pod("orphan").running().build();
+    orphan.metadata.labels = Some(labels());
+    let mut gone = pod("gone").running().deleting(epoch_secs(), 30).build();
+    gone.metadata.labels = Some(labels());
+    let mut foreign = pod("foreign").running().build();
+    foreign.metadata.labels = Some(labels());
+    foreign.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "ReplicaSet".into(),
+        name: "rs".into(),
+        uid: "uid-rs".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+    kit.api.fail("patch", "pods", 1, 500, "InternalError");
+    let running = start(
+        &kit,
+        vec![j.clone()],
+        vec![moved, orphan, gone, foreign],
+    );
+    let pod_patches = |kit: &Kit| -> Vec<(String, Value)> {
+        kit.api
+            .calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Patch(t, _, body) if t.plural == "pods" => Some((t.name.clone(), body)),
+                _ => None,
+            })
+            .collect()
+    };
+    // First sync: the release fails (500), the adoption is still sent, the sync fails.
+    let ok = eventually(Duration::from_millis(500), || pod_patches(&kit).len() >= 2).await;
+    assert!(ok, "{:#?}", kit.api.calls());
+    let patches = pod_patches(&kit);
+    assert_eq!(patches[0].0, "moved");
+    assert_eq!(
+        patches[0].1,
+        json!({"metadata": {
+            "ownerReferences": [{"$patch": "delete", "uid": "uid-j"}],
+            "$deleteFromPrimitiveList/finalizers": [REMOVE_FINALIZER],
+            "uid": "uid-moved",
+        }})
+    );
+    assert_eq!(patches[1].0, "orphan");
+    assert_eq!(
+        patches[1].1,
+        json!({"metadata": {
+            "ownerReferences": [serde_json::to_value(shared::refs::controller_ref(&j)).unwrap()],
+            "finalizers": [REMOVE_FINALIZER],
+            "uid": "uid-orphan",
+        }})
+    );
+    assert!(
+        kit.api
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Get(t) if t.plural == "jobs" && t.name == "j")),
+        "adoption re-reads the Job live"
+    );
+    assert!(status_puts(&kit).is_empty(), "the failed sync wrote no status");
+    // The retry: the pod was recreated meanwhile (Invalid): no error; the sync goes on with
+    // the one pod it claims, the adopted orphan (the released pod no longer counts).
+    kit.api.fail("patch", "pods", 1, 422, "Invalid");
+    assert!(eventually(Duration::from_secs(5), || !status_puts(&kit).is_empty()).await);
+    assert_eq!(status_puts(&kit)[0]["active"], 1);
+    assert_eq!(pod_creates(&kit), 0);
+    // Neither the deleting orphan nor the other controller's pod is adopted (the deleting
+    // orphan only loses its finalizer, as every orphan does).
+    for (name, body) in pod_patches(&kit) {
+        if name == "gone" || name == "foreign" {
+            assert!(body["metadata"]["ownerReferences"].is_null(), "{name}: {body}");
+        }
+    }
+    running.stop().await;
+}
