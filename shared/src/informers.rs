@@ -410,11 +410,22 @@ impl<K: Watched> Informer<K> {
 
 fn strip<K: Resource + 'static>(mut obj: K, fields: PodFields) -> K {
     obj.meta_mut().managed_fields = None;
-    if let Some(pod) = (&mut obj as &mut dyn Any).downcast_mut::<k8s_openapi::api::core::v1::Pod>()
-    {
+    shrink_meta(obj.meta_mut());
+    if let Some(pod) = (&mut obj as &mut dyn Any).downcast_mut::<crate::pod::Pod>() {
         crate::projection::project_pod(pod, fields);
     }
     obj
+}
+
+/// Gives back the spare capacity of the metadata's lists (deserialized `Vec`s keep room for
+/// four elements), as every cached object has them.
+pub(crate) fn shrink_meta(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+    if let Some(v) = meta.finalizers.as_mut() {
+        v.shrink_to_fit();
+    }
+    if let Some(v) = meta.owner_references.as_mut() {
+        v.shrink_to_fit();
+    }
 }
 
 /// Index function: the object's namespace.
@@ -434,7 +445,7 @@ pub fn by_controller_uid<K: Resource>(obj: &K) -> Vec<String> {
 }
 
 /// Index function: a pod's node.
-pub fn pod_by_node(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+pub fn pod_by_node(pod: &crate::pod::Pod) -> Vec<String> {
     pod.spec
         .as_ref()
         .and_then(|s| s.node_name.clone())
@@ -623,7 +634,7 @@ impl Informers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Pod, PodSpec};
+    use crate::pod::{Pod, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         ManagedFieldsEntry, ObjectMeta, OwnerReference,
     };

@@ -17,6 +17,7 @@ pub mod logging;
 pub mod manager;
 pub mod metrics;
 pub mod own_writes;
+pub mod pod;
 pub mod projection;
 pub mod queue;
 pub mod ratelimit;

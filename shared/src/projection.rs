@@ -2,15 +2,13 @@
 //! the shared pod cache keeps exactly the union of what the enabled controllers declared. A
 //! controller that is turned off takes its fields out of memory with it.
 //!
-//! Always kept: the metadata (less `managedFields`), the pod spec's scalar fields (`nodeName`,
-//! `restartPolicy`, `hostname`, `subdomain`, priorities, grace periods...), each container's
-//! name and `restartPolicy` (a sidecar is known by it), and the status apart from the per
-//! container statuses. Everything else is kept only when declared ([`PodFields`]).
+//! The cached pod type ([`crate::pod::Pod`]) already holds only the fields some controller
+//! reads; of those, the heavy optional parts below are kept only when declared.
 //!
 //! The test kit's caches apply the same projection with only the controller under test's
 //! declaration, so a sync test that reads an undeclared field sees it empty and fails.
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use crate::pod::Pod;
 use std::ops::BitOr;
 
 /// Groups of pod fields a controller may declare it reads.
@@ -27,12 +25,6 @@ impl PodFields {
     pub const VOLUMES: PodFields = PodFields(1 << 2);
     /// `status.containerStatuses`, `initContainerStatuses`, `ephemeralContainerStatuses`.
     pub const CONTAINER_STATUSES: PodFields = PodFields(1 << 3);
-    /// `spec.affinity`, `nodeSelector`, `topologySpreadConstraints`, `schedulingGates`,
-    /// `resourceClaims`, `overhead`, `readinessGates`, `dnsConfig`, `hostAliases`,
-    /// `securityContext`, `os`.
-    pub const SCHEDULING: PodFields = PodFields(1 << 4);
-    /// Whole container definitions (image, command, env, probes, resources, mounts).
-    pub const CONTAINERS: PodFields = PodFields(1 << 5);
     pub const ALL: PodFields = PodFields(u32::MAX);
 
     pub fn contains(self, other: PodFields) -> bool {
@@ -55,7 +47,7 @@ impl BitOr for PodFields {
     }
 }
 
-/// Keeps of `pod` what the module docs say is always kept plus the declared `fields`.
+/// Drops of `pod` the optional parts not in `fields`.
 pub fn project_pod(pod: &mut Pod, fields: PodFields) {
     if let Some(spec) = pod.spec.as_mut() {
         if !fields.contains(PodFields::TOLERATIONS) {
@@ -64,33 +56,13 @@ pub fn project_pod(pod: &mut Pod, fields: PodFields) {
         if !fields.contains(PodFields::VOLUMES) {
             spec.volumes = None;
         }
-        if !fields.contains(PodFields::SCHEDULING) {
-            spec.affinity = None;
-            spec.node_selector = None;
-            spec.topology_spread_constraints = None;
-            spec.scheduling_gates = None;
-            spec.resource_claims = None;
-            spec.overhead = None;
-            spec.readiness_gates = None;
-            spec.dns_config = None;
-            spec.host_aliases = None;
-            spec.security_context = None;
-            spec.os = None;
-        }
-        if !fields.contains(PodFields::CONTAINERS) {
-            spec.ephemeral_containers = None;
-            let ports = fields.contains(PodFields::CONTAINER_PORTS);
+        if !fields.contains(PodFields::CONTAINER_PORTS) {
             let containers = spec
                 .containers
                 .iter_mut()
                 .chain(spec.init_containers.iter_mut().flatten());
             for c in containers {
-                *c = Container {
-                    name: std::mem::take(&mut c.name),
-                    restart_policy: c.restart_policy.take(),
-                    ports: if ports { c.ports.take() } else { None },
-                    ..Default::default()
-                };
+                c.ports = None;
             }
         }
     }
@@ -101,6 +73,7 @@ pub fn project_pod(pod: &mut Pod, fields: PodFields) {
         status.init_container_statuses = None;
         status.ephemeral_container_statuses = None;
     }
+    pod.shrink_to_fit();
 }
 
 #[cfg(test)]
@@ -136,22 +109,17 @@ mod tests {
         let spec = p.spec.as_ref().unwrap();
         assert_eq!(spec.volumes, None);
         assert_eq!(spec.tolerations, None);
-        assert_eq!(spec.node_selector, None);
         assert_eq!(
             spec.containers[0],
-            Container {
+            crate::pod::Container {
                 name: "main".into(),
                 ..Default::default()
             }
         );
         let init = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(
-            (
-                init.name.as_str(),
-                init.restart_policy.as_deref(),
-                init.env.as_ref()
-            ),
-            ("side", Some("Always"), None)
+            (init.name.as_str(), init.restart_policy.as_deref()),
+            ("side", Some("Always"))
         );
         assert_eq!(spec.node_name.as_deref(), Some("n1"));
         assert_eq!(spec.hostname.as_deref(), Some("h"));
@@ -173,7 +141,6 @@ mod tests {
         let spec = p.spec.as_ref().unwrap();
         assert_eq!(spec.tolerations.as_ref().map(Vec::len), Some(1));
         assert_eq!(spec.containers[0].ports.as_ref().map(Vec::len), Some(1));
-        assert_eq!(spec.containers[0].command, None);
         assert_eq!(spec.volumes, None);
         assert!(p.status.unwrap().container_statuses.is_some());
         let mut all = pod();

@@ -10,12 +10,14 @@ use crate::pods::{
     self, COMPLETION_INDEX, INDEX_FAILURE_COUNT, INDEX_IGNORED_FAILURE_COUNT, TRACKING_FINALIZER,
 };
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
-use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, Pod};
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use serde_json::json;
 use shared::apierr::{is_already_exists, is_not_found};
 use shared::claim;
+use shared::pod::Pod;
 use shared::refs::controller_ref;
 use shared::writer::{Delete, PatchKind, Writer};
 
@@ -34,7 +36,7 @@ pub fn indexed_generate_name(job: &str, index: i32) -> String {
 }
 
 /// JR-10..JR-14: the pod to create for `new` (pure; unit-tested).
-pub fn pod_from_template(job: &Job, new: &NewPod) -> Pod {
+pub fn pod_from_template(job: &Job, new: &NewPod) -> core::Pod {
     let template = job
         .spec
         .as_ref()
@@ -87,7 +89,7 @@ pub fn pod_from_template(job: &Job, new: &NewPod) -> Pod {
         }
         None => format!("{job_name}-"),
     };
-    Pod {
+    core::Pod {
         metadata: ObjectMeta {
             generate_name: Some(generate_name),
             namespace: job.namespace(),
@@ -108,7 +110,9 @@ pub fn pod_from_template(job: &Job, new: &NewPod) -> Pod {
 pub async fn create_pod(writer: &Writer, job: &Job, new: &NewPod) -> Result<Pod, kube::Error> {
     let ns = job.namespace().unwrap_or_default();
     let pod = pod_from_template(job, new);
-    retry_generated_name(|| writer.create(&ns, &pod)).await
+    retry_generated_name(|| writer.create(&ns, &pod))
+        .await
+        .map(Pod::from)
 }
 
 async fn retry_generated_name<T, F, Fut>(mut create: F) -> Result<T, kube::Error>

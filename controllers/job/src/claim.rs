@@ -4,10 +4,10 @@
 use crate::sync::Jobs;
 use crate::{Error, act, api, pods};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use shared::claim;
 use shared::informers::{INDEX_CONTROLLER_UID, object_key};
+use shared::pod::Pod;
 use std::sync::Arc;
 
 impl Jobs {

@@ -6,9 +6,9 @@ use crate::metrics::{ControllerNameLabel, EventLabel};
 use crate::sync::{Jobs, external_manager, pod_controller, uid_of};
 use crate::{OrphanKey, plan, pods};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use shared::informers::{Change, INDEX_NAMESPACE, object_key};
+use shared::pod::Pod;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -23,10 +23,10 @@ mod tracking;
 pub mod validation;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use shared::apierr::{Classify, ErrorKind};
 use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
 use shared::informers::{INDEX_CONTROLLER_UID, INDEX_NAMESPACE, by_controller_uid, by_namespace};
+use shared::pod::Pod;
 use shared::projection::PodFields;
 use shared::ratelimit::BackoffConfig;
 use std::sync::Arc;

@@ -1,8 +1,9 @@
 //! What the Job controller reads off a pod: phase, activity, readiness, completion index, index
 //! failure counts, finish time, and upstream's deletion preference order.
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use shared::pod::Pod;
 use std::cmp::Ordering;
 
 pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
@@ -280,10 +281,9 @@ pub fn deletion_order(a: &Pod, b: &Pod) -> Ordering {
 pub(crate) mod testing {
     //! Pod builders for unit tests.
     use super::*;
-    use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateTerminated, PodCondition, PodSpec, PodStatus,
-    };
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, PodCondition};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use shared::pod::{PodSpec, PodStatus};
 
     pub fn ts(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).unwrap()

@@ -5,8 +5,9 @@ use crate::pods;
 use k8s_openapi::api::batch::v1::{
     PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, SuccessPolicy,
 };
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::jiff::Timestamp;
+use shared::pod::Pod;
 use std::time::Duration;
 
 /// JR-34: the first delay; it doubles per failure up to [`MAX_POD_FAILURE_BACKOFF`].

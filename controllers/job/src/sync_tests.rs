@@ -8,11 +8,12 @@ use k8s_openapi::api::batch::v1::{
     Job, JobSpec, JobStatus, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
     PodFailurePolicyRule,
 };
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, ObjectMeta, OwnerReference, Time,
 };
 use serde_json::{Value, json};
+use shared::pod::Pod;
 use shared::testkit::{EPOCH, Kit, Running, api_error, eventually};
 use shared::writer::Call;
 use std::collections::BTreeMap;
@@ -520,11 +521,7 @@ async fn jr63_releases_what_stopped_matching_and_adopts_matching_orphans() {
         block_owner_deletion: Some(true),
     }]);
     kit.api.fail("patch", "pods", 1, 500, "InternalError");
-    let running = start(
-        &kit,
-        vec![j.clone()],
-        vec![moved, orphan, gone, foreign],
-    );
+    let running = start(&kit, vec![j.clone()], vec![moved, orphan, gone, foreign]);
     let pod_patches = |kit: &Kit| -> Vec<(String, Value)> {
         kit.api
             .calls()
@@ -564,7 +561,10 @@ async fn jr63_releases_what_stopped_matching_and_adopts_matching_orphans() {
             .any(|c| matches!(c, Call::Get(t) if t.plural == "jobs" && t.name == "j")),
         "adoption re-reads the Job live"
     );
-    assert!(status_puts(&kit).is_empty(), "the failed sync wrote no status");
+    assert!(
+        status_puts(&kit).is_empty(),
+        "the failed sync wrote no status"
+    );
     // The retry: the pod was recreated meanwhile (Invalid): no error; the sync goes on with
     // the one pod it claims, the adopted orphan (the released pod no longer counts).
     kit.api.fail("patch", "pods", 1, 422, "Invalid");
@@ -575,7 +575,10 @@ async fn jr63_releases_what_stopped_matching_and_adopts_matching_orphans() {
     // orphan only loses its finalizer, as every orphan does).
     for (name, body) in pod_patches(&kit) {
         if name == "gone" || name == "foreign" {
-            assert!(body["metadata"]["ownerReferences"].is_null(), "{name}: {body}");
+            assert!(
+                body["metadata"]["ownerReferences"].is_null(),
+                "{name}: {body}"
+            );
         }
     }
     running.stop().await;

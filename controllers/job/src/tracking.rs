@@ -8,8 +8,8 @@ use crate::sync::{Jobs, job_ref, uid_of};
 use crate::{Error, act, api, indexes, pods, validation};
 use futures::future::join_all;
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
-use k8s_openapi::api::core::v1::Pod;
 use shared::informers::object_key;
+use shared::pod::Pod;
 
 impl Jobs {
     /// B-2 then JR-54: checks the status and PUTs it over `current`.

@@ -4,7 +4,7 @@
 //! from what it returned.
 
 use crate::{Error, plan};
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use plan::TaintChange;
@@ -13,6 +13,7 @@ use shared::apierr::is_not_found;
 use shared::clock::Clock;
 use shared::informers::{object_key, split_key};
 use shared::own_writes::OwnWrites;
+use shared::pod::Pod;
 use shared::retry::on_conflict_with;
 use shared::writer::{PatchKind, Writer};
 use std::sync::Arc;

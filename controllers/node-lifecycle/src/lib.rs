@@ -19,11 +19,12 @@ mod sync_tests;
 pub mod zones;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use shared::apierr::{Classify, ErrorKind};
 use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
 use shared::flags::duration_arg;
 use shared::informers::{INDEX_POD_NODE, pod_by_node};
+use shared::pod::Pod;
 use shared::ratelimit::BackoffConfig;
 use std::sync::Arc;
 use std::time::Duration;

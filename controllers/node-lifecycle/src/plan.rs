@@ -1,8 +1,9 @@
 //! Pure decisions of the node-lifecycle controller (spec §2). Time is always a parameter.
 
-use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use shared::pod::Pod;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -851,7 +852,8 @@ mod tests {
 
     #[test]
     fn pod_marking_nl6_nl7() {
-        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        use k8s_openapi::api::core::v1::PodCondition;
+        use shared::pod::PodStatus;
         let pod = |ready: Option<&str>| Pod {
             status: Some(PodStatus {
                 conditions: ready.map(|s| {

@@ -8,12 +8,13 @@
 
 use crate::{DECLARATION, NODE_LEASE_NAMESPACE, NodeLifecycleOptions, init, plan};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
 use shared::informers::Informer;
+use shared::pod::Pod;
 use shared::testkit::{Kit, Running, eventually, settle};
 use shared::writer::{Call, PatchKind};
 use std::collections::BTreeSet;

@@ -1,10 +1,11 @@
 //! TE-6/TE-7: mark a pod with `DisruptionTarget` and delete it.
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use shared::apierr::{Classify, ErrorKind};
+use shared::pod::Pod;
 use shared::writer::{Delete, PatchKind, Writer};
 
 pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
@@ -134,7 +135,7 @@ pub async fn evict(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PodStatus;
+    use shared::pod::PodStatus;
 
     fn pod_with(conds: Vec<PodCondition>, generation: Option<i64>) -> Pod {
         Pod {

@@ -11,11 +11,12 @@ pub mod sync;
 #[cfg(test)]
 mod sync_tests;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use shared::apierr::{Classify, ErrorKind};
 use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
 use shared::informers::{Change, INDEX_POD_NODE, object_key, pod_by_node};
+use shared::pod::Pod;
 use shared::projection::PodFields;
 use shared::ratelimit::BackoffConfig;
 use std::sync::Arc;

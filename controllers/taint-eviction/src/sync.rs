@@ -4,11 +4,12 @@
 
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::{Error, act, plan};
-use k8s_openapi::api::core::v1::{Node, Pod, Toleration};
+use k8s_openapi::api::core::v1::{Node, Toleration};
 use shared::clock::Clock;
 use shared::events::{EventRecorder, core_ref};
 use shared::flags::FeatureGates;
 use shared::informers::{INDEX_POD_NODE, Informer, object_key, split_key};
+use shared::pod::Pod;
 use shared::queue::{Next, Queue};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

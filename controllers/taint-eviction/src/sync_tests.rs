@@ -2,8 +2,10 @@
 //! kit's caches and recording writer, on tokio's paused clock.
 
 use crate::{DECLARATION, init};
-use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod, PodSpec, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint, Toleration};
 use kube::api::ObjectMeta;
+use shared::pod::Pod;
+use shared::pod::PodSpec;
 use shared::testkit::{Kit, eventually};
 use shared::writer::Call;
 use std::time::Duration;
