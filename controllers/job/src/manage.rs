@@ -10,6 +10,7 @@ use futures::future::join_all;
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 use shared::informers::object_key;
+use shared::pod::Pod;
 
 impl Jobs {
     /// Performs the pod action; returns what happened and the first error.
@@ -45,21 +46,11 @@ impl Jobs {
                     match r {
                         Ok(()) => {
                             out.deleted += 1;
-                            self.events.normal(
-                                &job_ref(job),
-                                "SuccessfulDelete",
-                                "DeletePod",
-                                format!("Deleted pod: {}", pods::name(p)),
-                            );
+                            self.deleted_event(job, p);
                         }
                         Err(e) => {
                             out.delete_failed = true;
-                            self.events.warning(
-                                &job_ref(job),
-                                "FailedDelete",
-                                "DeletePod",
-                                format!("Error deleting: {e}"),
-                            );
+                            self.delete_failed_event(job, &e);
                             err.get_or_insert(api(format!("deleting pod {ns}/{}", pods::name(p)))(
                                 e,
                             ));
@@ -88,22 +79,12 @@ impl Jobs {
                             if pods::ready(p) {
                                 out.deleted_ready += 1;
                             }
-                            self.events.normal(
-                                &job_ref(job),
-                                "SuccessfulDelete",
-                                "DeletePod",
-                                format!("Deleted pod: {}", pods::name(p)),
-                            );
+                            self.deleted_event(job, p);
                         }
                         Err(e) => {
                             // The informer will not observe this deletion.
                             self.expectations.deletion_observed(&uid);
-                            self.events.warning(
-                                &job_ref(job),
-                                "FailedDelete",
-                                "DeletePod",
-                                format!("Error deleting: {e}"),
-                            );
+                            self.delete_failed_event(job, &e);
                             err.get_or_insert(api(format!("deleting pod {ns}/{}", pods::name(p)))(
                                 e,
                             ));
@@ -195,5 +176,25 @@ impl Jobs {
             }
         }
         (out, first_err)
+    }
+
+    /// The event of a deleted pod (upstream's `SuccessfulDelete`).
+    fn deleted_event(&self, job: &Job, p: &Pod) {
+        self.events.normal(
+            &job_ref(job),
+            "SuccessfulDelete",
+            "DeletePod",
+            format!("Deleted pod: {}", pods::name(p)),
+        );
+    }
+
+    /// The event of a failed pod deletion (upstream's `FailedDelete`).
+    fn delete_failed_event(&self, job: &Job, e: &kube::Error) {
+        self.events.warning(
+            &job_ref(job),
+            "FailedDelete",
+            "DeletePod",
+            format!("Error deleting: {e}"),
+        );
     }
 }
