@@ -4,8 +4,16 @@ pub fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+/// client-go's `IsConflict`: reason Conflict (a stale resourceVersion, a failed precondition),
+/// not AlreadyExists, which shares the 409.
 pub fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
+    matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason != "AlreadyExists")
+}
+
+/// A patch that carried `metadata.uid` met another object of the same name: the API server
+/// rejects the changed UID as an immutable field (422 Invalid on metadata.uid), not with 409.
+pub fn is_uid_mismatch(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 422 && s.message.contains("metadata.uid"))
 }
 
 pub fn is_already_exists(e: &kube::Error) -> bool {
@@ -149,7 +157,8 @@ mod tests {
         assert_eq!(classify(&api(500, "InternalError")), ErrorKind::ServerError);
         assert_eq!(classify(&api(504, "Timeout")), ErrorKind::Timeout);
         assert_eq!(classify(&api(418, "")), ErrorKind::ClientError);
-        assert!(is_conflict(&api(409, "AlreadyExists")));
+        assert!(is_conflict(&api(409, "Conflict")));
+        assert!(!is_conflict(&api(409, "AlreadyExists")));
         assert!(is_already_exists(&api(409, "AlreadyExists")));
     }
 }

@@ -160,6 +160,45 @@ impl SetupFactory {
     }
 }
 
+/// Contains panics of a controller's handlers and periodic tasks the way `serve` contains a
+/// sync's: logged, counted in `pilothouse_reconcile_panics_total`, and the watch or the timer
+/// goes on (a panicking handler must not stop the shared cache that calls it).
+struct Containment {
+    controller: &'static str,
+    what: &'static str,
+    panics: Arc<crate::metrics::ReconcileMetrics>,
+}
+
+impl Containment {
+    fn call(&self, f: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(f)) {
+            self.panicked(&*panic);
+        }
+    }
+
+    fn panicked(&self, panic: &(dyn std::any::Any + Send)) {
+        tracing::error!(
+            controller = self.controller,
+            panic = %panic_message(panic),
+            "{} panicked", self.what
+        );
+        self.panics
+            .panics
+            .get_or_create(&ControllerLabel {
+                controller: self.controller.to_string(),
+            })
+            .inc();
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
 type Starter = Box<dyn FnOnce() + Send>;
 type Serve = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, ()> + Send>;
 
@@ -224,9 +263,10 @@ impl Wiring {
         handler: impl Fn(&Change<K>) + Send + Sync + 'static,
     ) {
         let gate = self.gate.clone();
+        let contain = self.containment("event handler");
         informer.on_change(move |change| {
             if gate.is_open() {
-                handler(change);
+                contain.call(|| handler(change));
             }
         });
     }
@@ -239,7 +279,16 @@ impl Wiring {
         informer: &Informer<K>,
         handler: impl Fn(&Change<K>) + Send + Sync + 'static,
     ) {
-        informer.on_change(handler);
+        let contain = self.containment("event handler");
+        informer.on_change(move |change| contain.call(|| handler(change)));
+    }
+
+    fn containment(&self, what: &'static str) -> Containment {
+        Containment {
+            controller: self.name,
+            what,
+            panics: self.metrics.reconcile(),
+        }
     }
 
     /// Queues the keys `keys` maps each change to (a pure function of the change), while
@@ -297,6 +346,7 @@ impl Wiring {
     {
         // A zero period (a flag set to 0) would make tokio's interval panic.
         let period = period.max(Duration::from_millis(1));
+        let contain = self.containment("periodic task");
         self.serves.push(Box::new(move |stop: CancellationToken| {
             async move {
                 let mut tick =
@@ -305,7 +355,13 @@ impl Wiring {
                 loop {
                     tokio::select! {
                         _ = stop.cancelled() => return,
-                        _ = tick.tick() => task().await,
+                        // A panicking run is counted and the next tick runs again.
+                        _ = tick.tick() => {
+                            let run = AssertUnwindSafe(async { task().await }).catch_unwind().await;
+                            if let Err(panic) = run {
+                                contain.panicked(&*panic);
+                            }
+                        }
                     }
                 }
             }
@@ -409,11 +465,7 @@ pub async fn serve<K, F, Fut, E>(
                     }
                     Err(panic) => {
                         let _g = span.enter();
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_default();
+                        let what = panic_message(&*panic);
                         tracing::error!(panic = %what, "sync panicked; retrying with backoff");
                         reconcile
                             .panics
@@ -520,16 +572,25 @@ mod tests {
         );
         let running = Arc::new(AtomicUsize::new(0));
         let calls = Arc::new(AtomicUsize::new(0));
-        let (r, c) = (Arc::clone(&running), Arc::clone(&calls));
+        // Recorded, not asserted inside the sync: `serve` contains a sync's panics.
+        let overlapped = Arc::new(AtomicBool::new(false));
+        let (r, c, o) = (
+            Arc::clone(&running),
+            Arc::clone(&calls),
+            Arc::clone(&overlapped),
+        );
         let q2 = Arc::clone(&q);
         let workers = serve(Arc::clone(&q), 4, "c", &metrics, move |_k: String| {
-            let (r, c, q2) = (Arc::clone(&r), Arc::clone(&c), Arc::clone(&q2));
+            let (r, c, o, q2) = (
+                Arc::clone(&r),
+                Arc::clone(&c),
+                Arc::clone(&o),
+                Arc::clone(&q2),
+            );
             async move {
-                assert_eq!(
-                    r.fetch_add(1, Ordering::SeqCst),
-                    0,
-                    "two workers on one key"
-                );
+                if r.fetch_add(1, Ordering::SeqCst) != 0 {
+                    o.store(true, Ordering::SeqCst);
+                }
                 // Re-adding while processing must not start a concurrent sync.
                 q2.add("k".into());
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -551,29 +612,134 @@ mod tests {
         };
         tokio::join!(workers, driver);
         assert!(calls.load(Ordering::SeqCst) >= 6);
+        assert!(!overlapped.load(Ordering::SeqCst), "two workers on one key");
+        assert!(
+            !metrics.encode().contains("result=\"panic\""),
+            "{}",
+            metrics.encode()
+        );
+    }
+
+    fn config_map(name: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+        k8s_openapi::api::core::v1::ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn informers() -> Arc<Informers> {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        Informers::new(
+            kube::Client::try_from(config).unwrap(),
+            CancellationToken::new(),
+        )
     }
 
     #[tokio::test]
-    async fn handlers_and_starters_act_only_while_leading() {
-        let wiring = Wiring::new("c", Metrics::new());
+    async fn handlers_starters_and_tasks_act_only_while_leading() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let informers = informers();
+        let cms = informers.get::<ConfigMap>();
+        let mut wiring = Wiring::new("c", Metrics::new());
         let gate = wiring.gate();
         assert!(!gate.is_open());
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let s = Arc::clone(&seen);
+        wiring.on_change(&cms, move |change| {
+            s.lock()
+                .unwrap()
+                .push(change.object().metadata.name.clone().unwrap());
+        });
+        let everywhere = Arc::new(AtomicUsize::new(0));
+        let e = Arc::clone(&everywhere);
+        wiring.on_change_every_replica(&cms, move |_| {
+            e.fetch_add(1, Ordering::SeqCst);
+        });
         let started = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&started);
-        let mut wiring = wiring;
         wiring.on_start(move || s.store(true, Ordering::SeqCst));
-        let stop = CancellationToken::new();
-        let g2 = gate.clone();
+        let task_saw_open = Arc::new(AtomicBool::new(false));
+        let (g2, t) = (gate.clone(), Arc::clone(&task_saw_open));
         wiring.task(move |stop| async move {
-            assert!(g2.is_open(), "tasks run only while leading");
+            t.store(g2.is_open(), Ordering::SeqCst);
             stop.cancelled().await;
         });
+        // Not leading yet: only the every-replica handler sees the change.
+        cms.testkit_apply(config_map("before"));
+        assert!(seen.lock().unwrap().is_empty());
+        assert_eq!(everywhere.load(Ordering::SeqCst), 1);
+        assert!(!started.load(Ordering::SeqCst));
+
+        let stop = CancellationToken::new();
         let run = tokio::spawn(wiring.build().run(stop.clone()));
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(started.load(Ordering::SeqCst));
+        assert!(
+            task_saw_open.load(Ordering::SeqCst),
+            "tasks run only while leading"
+        );
         assert!(gate.is_open());
+        cms.testkit_apply(config_map("while-leading"));
+        assert_eq!(*seen.lock().unwrap(), ["while-leading"]);
+
         stop.cancel();
         run.await.unwrap();
         assert!(!gate.is_open(), "the gate closes when the controller stops");
+        cms.testkit_apply(config_map("after"));
+        assert_eq!(*seen.lock().unwrap(), ["while-leading"]);
+        assert_eq!(everywhere.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_or_periodic_task_is_contained_and_counted() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let informers = informers();
+        let cms = informers.get::<ConfigMap>();
+        let metrics = Metrics::new();
+        let mut wiring = Wiring::new("test-controller", Arc::clone(&metrics));
+        let later = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        wiring.on_change(&cms, |change| {
+            if change.object().metadata.name.as_deref() == Some("bad") {
+                panic!("bad input");
+            }
+        });
+        let l = Arc::clone(&later);
+        wiring.on_change(&cms, move |change| {
+            l.lock()
+                .unwrap()
+                .push(change.object().metadata.name.clone().unwrap());
+        });
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let t = Arc::clone(&ticks);
+        wiring.every(Duration::from_millis(5), move || {
+            // The first run panics before its future exists, the second inside it.
+            let n = t.fetch_add(1, Ordering::SeqCst);
+            assert!(n != 0, "first tick");
+            async move { assert!(n != 1, "second tick") }
+        });
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(wiring.build().run(stop.clone()));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        cms.testkit_apply(config_map("bad"));
+        cms.testkit_apply(config_map("good"));
+        for _ in 0..200 {
+            if ticks.load(Ordering::SeqCst) >= 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.cancel();
+        run.await.unwrap();
+        assert_eq!(*later.lock().unwrap(), ["bad", "good"]);
+        assert!(ticks.load(Ordering::SeqCst) >= 4, "the timer goes on");
+        let text = metrics.encode();
+        assert!(
+            text.contains("pilothouse_reconcile_panics_total{controller=\"test-controller\"} 3"),
+            "{text}"
+        );
     }
 }

@@ -634,6 +634,23 @@ impl Informers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_streaming_list_is_told_from_other_watch_errors() {
+        let status = |code| {
+            Box::new(kube::core::Status {
+                code,
+                ..kube::core::Status::failure("m", "Invalid")
+            })
+        };
+        let start = |code| watcher::Error::WatchStartFailed(kube::Error::Api(status(code)));
+        assert!(streaming_refused(&start(422)));
+        assert!(streaming_refused(&start(400)));
+        assert!(streaming_refused(&watcher::Error::WatchError(status(422))));
+        assert!(!streaming_refused(&start(403)));
+        assert!(!streaming_refused(&start(500)));
+        assert!(!streaming_refused(&watcher::Error::WatchError(status(410))));
+    }
     use crate::pod::{Pod, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         ManagedFieldsEntry, ObjectMeta, OwnerReference,

@@ -363,7 +363,16 @@ impl FakeApi {
                 if let Some(want) = meta_str(&patch, "uid")
                     && Some(want) != meta_str(&next, "uid")
                 {
-                    return Err(conflict(&t, "the UID in the precondition does not match"));
+                    // As the API server: the UID is an immutable field, so a patch meeting
+                    // another object of the same name fails validation (422), not with 409.
+                    return Err(api_error(
+                        422,
+                        "Invalid",
+                        &format!(
+                            "{} \"{}\" is invalid: metadata.uid: Invalid value: \"{want}\": field is immutable",
+                            t.plural, t.name
+                        ),
+                    ));
                 }
                 match kind {
                     PatchKind::Merge => merge(&mut next, &patch, false, ""),
@@ -613,6 +622,15 @@ mod tests {
             )
             .await;
         assert!(crate::apierr::is_conflict(&stale.unwrap_err()));
+        let replaced = w
+            .patch::<Pod>(
+                "ns",
+                "p",
+                PatchKind::Merge,
+                json!({"metadata": {"uid": "other"}}),
+            )
+            .await;
+        assert!(crate::apierr::is_uid_mismatch(&replaced.unwrap_err()));
         let wrong_uid = w
             .delete::<Pod>("ns", "p", crate::writer::Delete::with_uid("other"))
             .await;
@@ -623,7 +641,7 @@ mod tests {
         assert!(kit.api.object::<Pod>("ns", "p").is_none());
         assert_eq!(
             kit.api.calls().iter().map(Call::verb).collect::<Vec<_>>(),
-            ["patch", "patch", "delete", "delete"]
+            ["patch", "patch", "patch", "delete", "delete"]
         );
         // The cache still holds the pod until the watch catches up.
         assert!(kit.informers.get::<Pod>().get("ns/p").is_some());

@@ -173,8 +173,13 @@ pub fn finished_time(pod: &Pod) -> Timestamp {
         return t.0;
     }
     if let Some(d) = &pod.metadata.deletion_timestamp {
+        // The grace period is any int64 the API accepted: an out-of-range difference falls
+        // back to the deletion time itself rather than panicking.
         let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
-        return d.0 - SignedDuration::from_secs(grace);
+        return d
+            .0
+            .checked_sub(SignedDuration::from_secs(grace))
+            .unwrap_or(d.0);
     }
     pod.metadata
         .creation_timestamp
@@ -442,6 +447,15 @@ mod tests {
             ts(1970)
         );
         assert_eq!(finished_time(&pod("d").build()), ts(1000));
+        // Extremes the API accepts: no panic, the deletion time stands.
+        assert_eq!(
+            finished_time(&pod("e").running().deleting(2000, i64::MAX).build()),
+            ts(2000)
+        );
+        assert_eq!(
+            finished_time(&pod("f").running().deleting(2000, i64::MIN).build()),
+            ts(2000)
+        );
     }
 
     #[test]

@@ -318,7 +318,9 @@ impl Jobs {
         act::remove_tracking_finalizer(&self.writer, pod)
             .await
             .map_err(|e| {
-                self.finalizer_failure(job.as_deref(), &[(pod, &e)]);
+                let failures = [(pod, e)];
+                self.finalizer_failure(job.as_deref(), &failures);
+                let [(_, e)] = failures;
                 Error::Api {
                     what: format!("removing the tracking finalizer of pod {}", object_key(pod)),
                     source: e,

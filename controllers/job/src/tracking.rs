@@ -123,7 +123,7 @@ impl Jobs {
             )
             .await;
             let mut failures = Vec::new();
-            for (p, r) in t.remove_finalizers.iter().zip(results.iter()) {
+            for (p, r) in t.remove_finalizers.iter().zip(results) {
                 match r {
                     Ok(()) => {
                         with_finalizer.remove(pods::uid(p));
@@ -136,10 +136,12 @@ impl Jobs {
             }
             if !failures.is_empty() {
                 self.finalizer_failure(Some(job), &failures);
-                let (p, e) = failures[0];
+                // The first failure is the sync's error, moved (not re-made, which would lose
+                // its kind, such as NotLeading).
+                let (p, e) = failures.swap_remove(0);
                 rm_err = Some(Error::Api {
                     what: format!("removing the tracking finalizer of pod {}", pods::name(p)),
-                    source: clone_error(e),
+                    source: e,
                 });
             }
         }
@@ -213,7 +215,7 @@ impl Jobs {
 
     /// B-4: a failed finalizer removal is counted, and named in a Warning event (on the Job, or
     /// on the pod when the Job is gone).
-    pub(crate) fn finalizer_failure(&self, job: Option<&Job>, failures: &[(&Pod, &kube::Error)]) {
+    pub(crate) fn finalizer_failure(&self, job: Option<&Job>, failures: &[(&Pod, kube::Error)]) {
         for (_, e) in failures {
             self.metrics
                 .finalizer_removal_failures
@@ -253,13 +255,5 @@ pub(crate) enum FlushError {
 impl From<Error> for FlushError {
     fn from(e: Error) -> Self {
         FlushError::Other(e)
-    }
-}
-
-/// kube::Error is not Clone; keep what matters for the message and retry classification.
-fn clone_error(e: &kube::Error) -> kube::Error {
-    match e {
-        kube::Error::Api(s) => kube::Error::Api(s.clone()),
-        other => kube::Error::Service(other.to_string().into()),
     }
 }

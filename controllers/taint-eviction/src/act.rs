@@ -48,9 +48,12 @@ pub enum Evicted {
     Gone,
 }
 
+/// 404: deleted. Replaced by another pod of the same name: the delete's UID precondition fails
+/// with 409, the patch carrying the UID with 422 on metadata.uid.
 fn is_gone(e: &kube::Error) -> bool {
-    // 404: deleted; 409 on a UID precondition: replaced by another pod of the same name.
-    matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+    shared::apierr::is_not_found(e)
+        || shared::apierr::is_conflict(e)
+        || shared::apierr::is_uid_mismatch(e)
 }
 
 /// Whether `pod` already carries our exact condition (then no status write is needed).

@@ -247,3 +247,46 @@ async fn a_replaced_pod_is_not_deleted() {
     assert!(kit.api.object::<Pod>("ns", "p").is_some());
     running.stop().await;
 }
+
+/// TE-7: replaced between the read and the condition write. The patch carries the UID, which the
+/// API server rejects as a changed immutable field (422 on metadata.uid, as a real one answers):
+/// the pod is gone for this controller, nothing is deleted and nothing is retried.
+#[tokio::test(start_paused = true)]
+async fn a_pod_replaced_before_the_condition_write_is_not_deleted() {
+    let kit = kit();
+    kit.api.fail_when(|c| {
+        matches!(c, Call::Patch(t, _, _) if t.name == "p").then(|| {
+            shared::testkit::api_error(
+                422,
+                "Invalid",
+                "pods \"p\" is invalid: metadata.uid: Invalid value: \"uid-p\": field is immutable",
+            )
+        })
+    });
+    let running = kit.start(init(kit.setup(DECLARATION.name, DECLARATION.event_source)).unwrap());
+    kit.seed([pod("p", "n1", None)]);
+    kit.apply(node("n1", &[("dead", "NoExecute")]));
+    assert!(
+        eventually(Duration::from_secs(1), || kit
+            .api
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Patch(..))))
+        .await
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let calls = kit.api.calls();
+    assert!(
+        !calls.iter().any(|c| matches!(c, Call::Delete { .. })),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|c| matches!(c, Call::Patch(..)))
+            .count(),
+        1,
+        "{calls:?}"
+    );
+    running.stop().await;
+}
