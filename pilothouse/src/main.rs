@@ -21,6 +21,8 @@ struct Cli {
     job: job::JobOptions,
     #[command(flatten)]
     cronjob: cronjob::CronJobOptions,
+    #[command(flatten)]
+    statefulset: statefulset::StatefulSetOptions,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -46,7 +48,7 @@ fn catalogue(cli: &Cli) -> Vec<Registration> {
     vec![
         job::registration(cli.job.clone()),
         cronjob::registration(cli.cronjob.clone()),
-        Registration::planned("statefulset-controller", &["statefulset"]),
+        statefulset::registration(cli.statefulset.clone()),
         Registration::planned("endpointslice-controller", &["endpointslice"]),
         Registration::planned(
             "endpointslice-mirroring-controller",

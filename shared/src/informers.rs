@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use std::any::{Any, TypeId};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
@@ -115,6 +115,9 @@ pub struct Informer<K> {
     synced_tx: tokio_watch::Sender<bool>,
     /// The pod fields the enabled controllers declared (used only by the pod informer).
     pod_fields: Arc<AtomicU32>,
+    /// The highest resourceVersion the watch has delivered (read-your-writes: a write returning
+    /// a lower or equal one is in the cache).
+    newest: AtomicU64,
 }
 
 impl<K: Watched> Informer<K> {
@@ -130,6 +133,7 @@ impl<K: Watched> Informer<K> {
             handlers: RwLock::new(Vec::new()),
             synced: AtomicBool::new(false),
             synced_tx,
+            newest: AtomicU64::new(0),
         }
     }
 
@@ -222,6 +226,18 @@ impl<K: Watched> Informer<K> {
         let _ = rx.wait_for(|s| *s).await;
     }
 
+    /// The highest resourceVersion delivered so far (0 before any; non-numeric versions, which
+    /// no Kubernetes API server sends, are ignored).
+    pub fn newest_resource_version(&self) -> u64 {
+        self.newest.load(Ordering::Acquire)
+    }
+
+    fn saw(&self, obj: &K) {
+        if let Some(rv) = obj.meta().resource_version.as_deref().and_then(parse_rv) {
+            self.newest.fetch_max(rv, Ordering::AcqRel);
+        }
+    }
+
     fn notify(&self, change: Change<K>) {
         for h in self.handlers.read().expect("handlers lock").iter() {
             h(&change);
@@ -229,6 +245,7 @@ impl<K: Watched> Informer<K> {
     }
 
     fn apply(&self, obj: K) {
+        self.saw(&obj);
         let key = object_key(&obj);
         let new = Arc::new(obj);
         let old = {
@@ -247,6 +264,7 @@ impl<K: Watched> Informer<K> {
     }
 
     fn delete(&self, obj: K) {
+        self.saw(&obj);
         let key = object_key(&obj);
         let removed = {
             let mut s = self.state.write().expect("store lock");
@@ -279,6 +297,7 @@ impl<K: Watched> Informer<K> {
                 }
             }
             for (key, obj) in listed {
+                self.saw(&obj);
                 let new = Arc::new(obj);
                 match s.objects.insert(key.clone(), Arc::clone(&new)) {
                     Some(old) if old.resource_version() == new.resource_version() => {
@@ -363,6 +382,11 @@ impl<K: Watched> Informer<K> {
     }
 }
 
+/// A resourceVersion as the number etcd makes it (comparable since Kubernetes 1.34, KEP-5504).
+pub fn parse_rv(rv: &str) -> Option<u64> {
+    rv.parse().ok()
+}
+
 /// How a watch ended.
 enum Watch {
     Stopped,
@@ -444,6 +468,16 @@ pub fn by_controller_uid<K: Resource>(obj: &K) -> Vec<String> {
         .collect()
 }
 
+/// Index function: the namespace of an object without a controlling owner (the candidates for
+/// adoption there).
+pub fn orphan_by_namespace<K: Resource>(obj: &K) -> Vec<String> {
+    if crate::refs::controller_of(obj.meta()).is_some() {
+        Vec::new()
+    } else {
+        by_namespace(obj)
+    }
+}
+
 /// Index function: a pod's node.
 pub fn pod_by_node(pod: &crate::pod::Pod) -> Vec<String> {
     pod.spec
@@ -455,6 +489,7 @@ pub fn pod_by_node(pod: &crate::pod::Pod) -> Vec<String> {
 
 pub const INDEX_NAMESPACE: &str = "namespace";
 pub const INDEX_CONTROLLER_UID: &str = "controller-uid";
+pub const INDEX_ORPHAN_NAMESPACE: &str = "orphan-namespace";
 pub const INDEX_POD_NODE: &str = "pod-node";
 
 trait AnyInformer: Send + Sync {

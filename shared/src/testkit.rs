@@ -276,6 +276,20 @@ impl FakeApi {
     fn answer(&self, call: Call) -> Result<Value, kube::Error> {
         let mut s = self.lock();
         s.calls.push(call.clone());
+        // A raw create is a create of the JSON it carries (the bytes are what tests inspect).
+        let call = match call {
+            Call::CreateRaw(t, bytes) => match serde_json::from_slice(&bytes) {
+                Ok(v) => Call::Create(t, v),
+                Err(e) => {
+                    return Err(api_error(
+                        400,
+                        "BadRequest",
+                        &format!("invalid JSON body: {e}"),
+                    ));
+                }
+            },
+            other => other,
+        };
         let mut rules = std::mem::take(&mut s.rules);
         let injected = rules.iter_mut().find_map(|r| r(&call));
         s.rules = rules;
@@ -285,6 +299,7 @@ impl FakeApi {
         s.next_rv += 1;
         let rv = (1000 + s.next_rv).to_string();
         match call {
+            Call::CreateRaw(..) => unreachable!("made a create above"),
             Call::Get(t) => s.objects.get(&id(&t)).cloned().ok_or_else(|| not_found(&t)),
             Call::Create(mut t, mut v) if t.subresource.is_none() => {
                 if t.name.is_empty() {

@@ -87,6 +87,9 @@ pub enum PatchKind {
 pub enum Call {
     Get(Target),
     Create(Target, Value),
+    /// A create whose body must reach the API server byte for byte: a `RawExtension` field is
+    /// stored as the bytes received (a ControllerRevision's `data`, whose hash is of its bytes).
+    CreateRaw(Target, Vec<u8>),
     /// A PUT of the whole object (or subresource); its `metadata.resourceVersion` is the
     /// precondition.
     Replace(Target, Value),
@@ -104,7 +107,11 @@ pub enum Call {
 impl Call {
     pub fn target(&self) -> &Target {
         match self {
-            Call::Get(t) | Call::Create(t, _) | Call::Replace(t, _) | Call::Patch(t, _, _) => t,
+            Call::Get(t)
+            | Call::Create(t, _)
+            | Call::CreateRaw(t, _)
+            | Call::Replace(t, _)
+            | Call::Patch(t, _, _) => t,
             Call::Delete { target, .. } => target,
         }
     }
@@ -113,7 +120,7 @@ impl Call {
     pub fn verb(&self) -> &'static str {
         match self {
             Call::Get(_) => "get",
-            Call::Create(..) => "create",
+            Call::Create(..) | Call::CreateRaw(..) => "create",
             Call::Replace(..) => "update",
             Call::Patch(..) => "patch",
             Call::Delete { .. } => "delete",
@@ -136,6 +143,10 @@ fn build_request(call: &Call) -> Result<http::Request<Vec<u8>>, kube::Error> {
         (Call::Get(_), None) => req.get(&t.name, &Default::default()),
         (Call::Get(_), Some(sub)) => req.get_subresource(sub, &t.name),
         (Call::Create(_, v), None) => req.create(&PostParams::default(), body(v)?),
+        (Call::CreateRaw(_, bytes), None) => req.create(&PostParams::default(), bytes.clone()),
+        (Call::CreateRaw(_, bytes), Some(sub)) => {
+            req.create_subresource(sub, &t.name, &PostParams::default(), bytes.clone())
+        }
         (Call::Create(_, v), Some(sub)) => {
             req.create_subresource(sub, &t.name, &PostParams::default(), body(v)?)
         }
@@ -254,6 +265,17 @@ impl Writer {
         let body = typed_body(obj)?;
         from_value(
             self.call(Call::Create(Target::of::<K>(namespace, ""), body))
+                .await?,
+        )
+    }
+
+    /// Creates from a body sent byte for byte ([`Call::CreateRaw`]).
+    pub async fn create_raw<K>(&self, namespace: &str, body: Vec<u8>) -> Result<K, kube::Error>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        from_value(
+            self.call(Call::CreateRaw(Target::of::<K>(namespace, ""), body))
                 .await?,
         )
     }

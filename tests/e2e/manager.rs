@@ -316,7 +316,7 @@ async fn controllers_flag() -> Result<()> {
 
     let mut planned = spawn(
         "e-planned",
-        &election_args(&lease, &["--controllers=statefulset"]),
+        &election_args(&lease, &["--controllers=endpointslice"]),
     )?;
     let status = planned.wait_exit(Duration::from_secs(10)).await?;
     ensure!(
@@ -326,7 +326,7 @@ async fn controllers_flag() -> Result<()> {
     ensure!(
         planned
             .log_text()
-            .contains("\"statefulset\" is planned but not built yet"),
+            .contains("\"endpointslice\" is planned but not built yet"),
         "{}",
         planned.log_text()
     );
@@ -335,7 +335,9 @@ async fn controllers_flag() -> Result<()> {
         "e-star",
         &election_args(
             &lease,
-            &["--controllers=*,-job-controller,-node-lifecycle-controller,-cronjob-controller"],
+            &[
+                "--controllers=*,-job-controller,-node-lifecycle-controller,-cronjob-controller,-statefulset-controller",
+            ],
         ),
     )?;
     ok.wait_log(
@@ -443,7 +445,7 @@ async fn controllers_flag_limits_watches() -> Result<()> {
         &own.kubeconfig,
         &dir,
         &[
-            "--controllers=*,-taint-eviction-controller,-node-lifecycle-controller,-job-controller,-cronjob-controller"
+            "--controllers=*,-taint-eviction-controller,-node-lifecycle-controller,-job-controller,-cronjob-controller,-statefulset-controller"
                 .to_string(),
         ],
     )?;

@@ -30,7 +30,7 @@ impl Jobs {
             .into_iter()
             .chain(
                 self.pods
-                    .by_index(crate::handlers::INDEX_ORPHAN_NAMESPACE, &ns),
+                    .by_index(shared::informers::INDEX_ORPHAN_NAMESPACE, &ns),
             );
         let claims = claim::partition::<Pod, _>(&job.metadata, candidates, matches);
         let mut failed: Option<Error> = None;

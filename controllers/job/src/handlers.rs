@@ -14,18 +14,8 @@ use std::time::Duration;
 
 /// JR-2: pod events and status-only updates are batched.
 pub const BATCH_PERIOD: Duration = Duration::from_secs(1);
-/// Index of pods without a controller, by namespace (candidates for adoption).
-pub const INDEX_ORPHAN_NAMESPACE: &str = "job-orphan-namespace";
 /// Index of pods carrying the tracking finalizer (the sweep's input).
 pub const INDEX_TRACKING: &str = "job-tracking-finalizer";
-
-pub fn orphan_namespace(p: &Pod) -> Vec<String> {
-    if pod_controller(p).is_none() {
-        p.metadata.namespace.clone().into_iter().collect()
-    } else {
-        Vec::new()
-    }
-}
 
 pub fn tracking(p: &Pod) -> Vec<String> {
     if pods::has_tracking_finalizer(p) {

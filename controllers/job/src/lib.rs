@@ -25,7 +25,10 @@ pub mod validation;
 use k8s_openapi::api::batch::v1::Job;
 use shared::apierr::{Classify, ErrorKind};
 use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::informers::{INDEX_CONTROLLER_UID, INDEX_NAMESPACE, by_controller_uid, by_namespace};
+use shared::informers::{
+    INDEX_CONTROLLER_UID, INDEX_NAMESPACE, INDEX_ORPHAN_NAMESPACE, by_controller_uid, by_namespace,
+    orphan_by_namespace,
+};
 use shared::pod::Pod;
 use shared::projection::PodFields;
 use shared::ratelimit::BackoffConfig;
@@ -109,7 +112,7 @@ pub fn init(opts: JobOptions, setup: Setup) -> Result<Box<dyn Controller>, InitE
     jobs.add_index(INDEX_NAMESPACE, by_namespace);
     let pods = setup.informers.get::<Pod>();
     pods.add_index(INDEX_CONTROLLER_UID, by_controller_uid);
-    pods.add_index(handlers::INDEX_ORPHAN_NAMESPACE, handlers::orphan_namespace);
+    pods.add_index(INDEX_ORPHAN_NAMESPACE, orphan_by_namespace);
     pods.add_index(handlers::INDEX_TRACKING, handlers::tracking);
     let mut wiring = setup.wiring();
     // JR-1: 1 s doubling to 60 s per item.

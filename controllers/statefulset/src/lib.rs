@@ -1,0 +1,149 @@
+//! `statefulset-controller` (spec `statefulset-endpointslice.md` §1-2, §5): pods with stable
+//! identities and claims, ControllerRevisions byte-equal to upstream's, OrderedReady and Parallel
+//! scaling, RollingUpdate with partition and maxUnavailable always on.
+//!
+//! Wiring only: one queue (`statefulset`, keyed `namespace/name`) fed by set changes and by the
+//! changes of their pods (ST-2); claims and revisions are read from the caches (ST-1). [`sync`] is
+//! one set's sync; [`revision`] (ST-11..ST-17), [`identity`] (ST-6..ST-10, ST-32..ST-36),
+//! [`plan`] (ST-18..ST-31) and [`status`] (ST-40..ST-42) are its pure decisions; [`act`] its
+//! writes.
+
+pub mod act;
+pub mod handlers;
+pub mod identity;
+pub mod metrics;
+pub mod model;
+pub mod plan;
+pub mod revision;
+pub mod status;
+pub mod sync;
+#[cfg(test)]
+mod sync_tests;
+
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use model::StatefulSet;
+use shared::apierr::{Classify, ErrorKind};
+use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
+use shared::informers::{
+    INDEX_CONTROLLER_UID, INDEX_NAMESPACE, INDEX_ORPHAN_NAMESPACE, by_controller_uid, by_namespace,
+    object_key, orphan_by_namespace,
+};
+use shared::pod::Pod;
+use shared::projection::PodFields;
+use shared::ratelimit::BackoffConfig;
+use std::sync::Arc;
+
+pub const DECLARATION: Declaration = Declaration {
+    name: "statefulset-controller",
+    aliases: &["statefulset"],
+    event_source: "statefulset-controller",
+    on_by_default: true,
+};
+pub const NAME: &str = DECLARATION.name;
+/// §1.1: upstream's queue name (label `name` of `workqueue_*`).
+pub const QUEUE: &str = "statefulset";
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct StatefulSetOptions {
+    /// The number of statefulset objects that are allowed to sync concurrently. Larger number = more responsive statefulsets, but more CPU (and network) load
+    #[arg(long, default_value_t = 5)]
+    pub concurrent_statefulset_syncs: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Adoption refused: the set read live is another one, or being deleted (ST-4).
+    #[error("{0}")]
+    Claim(String),
+    /// Ten hash collisions in one sync (ST-14 d).
+    #[error("{0}")]
+    Revision(String),
+    /// Several writes failed; the first is the sync's error.
+    #[error("{first} (and {more} more)")]
+    Many { first: Box<Error>, more: usize },
+}
+
+impl Classify for Error {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Api { source, .. } => source.kind(),
+            Error::Claim(_) | Error::Revision(_) => ErrorKind::Other,
+            Error::Many { first, .. } => first.kind(),
+        }
+    }
+}
+
+/// An API error with what the sync was doing.
+pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Api { what, source }
+}
+
+pub fn registration(opts: StatefulSetOptions) -> Registration {
+    Registration::built(DECLARATION, Box::new(move |setup| init(opts, setup)))
+}
+
+/// Wires the controller to the shared caches and the runtime.
+pub fn init(opts: StatefulSetOptions, setup: Setup) -> Result<Box<dyn Controller>, InitError> {
+    // ST-10: claim volumes are part of a pod's identity.
+    setup.informers.read_pod_fields(PodFields::VOLUMES);
+    let sets = setup.informers.get::<StatefulSet>();
+    sets.add_index(INDEX_NAMESPACE, by_namespace);
+    let pods = setup.informers.get::<Pod>();
+    pods.add_index(INDEX_CONTROLLER_UID, by_controller_uid);
+    pods.add_index(INDEX_ORPHAN_NAMESPACE, orphan_by_namespace);
+    let claims = setup.informers.get::<PersistentVolumeClaim>();
+    let revisions = setup.informers.get::<ControllerRevision>();
+    revisions.add_index(INDEX_CONTROLLER_UID, by_controller_uid);
+    revisions.add_index(INDEX_ORPHAN_NAMESPACE, orphan_by_namespace);
+    let mut wiring = setup.wiring();
+    // ST-3: client-go's default controller rate limiter.
+    let queue = wiring.queue(QUEUE, BackoffConfig::default());
+    let ctl = Arc::new(sync::StatefulSets::new(
+        sync::Caches {
+            sets: Arc::clone(&sets),
+            pods: Arc::clone(&pods),
+            claims,
+            revisions,
+        },
+        Arc::clone(&queue),
+        setup.writer,
+        setup.events,
+        setup.clock,
+        metrics::Metrics::register(&setup.metrics),
+    ));
+    // ST-2.
+    wiring.map(&sets, &queue, handlers::set_keys);
+    let (s, q) = (Arc::clone(&sets), Arc::clone(&queue));
+    wiring.on_change(&pods, move |change| {
+        for e in handlers::pod_keys(&s, change) {
+            match e.after {
+                None => q.add(e.key),
+                Some(d) => q.add_after(e.key, d),
+            }
+        }
+    });
+    // On taking over, every set is synced.
+    let (s, q) = (Arc::clone(&sets), Arc::clone(&queue));
+    wiring.on_start(move || {
+        for set in s.list() {
+            q.add(object_key(set.as_ref()));
+        }
+    });
+    wiring.workers(
+        &queue,
+        opts.concurrent_statefulset_syncs.max(1),
+        move |key: String| {
+            let ctl = Arc::clone(&ctl);
+            async move { ctl.sync(&key).await }
+        },
+    );
+    Ok(wiring.build())
+}

@@ -1,0 +1,520 @@
+//! The pure decisions of one sync (spec §2.4-2.6, ST-18..ST-31, B-1, B-4..B-6): from the set and
+//! its pods as observed, the writes to make, in phases. Upstream: `stateful_set_control.go`
+//! (`updateStatefulSet`, `processReplica`, `processCondemned`,
+//! `updateStatefulSetAfterInvariantEstablished`).
+//!
+//! A phase's actions run in order (OrderedReady) or concurrently in slow-start batches
+//! (Parallel, ST-21); an error stops the phases after it. An OrderedReady pass that blocks
+//! simply has no later phases.
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Management {
+    OrderedReady,
+    Parallel,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Strategy {
+    /// `rollingUpdate` as given (the API server defaults it, with partition 0).
+    RollingUpdate {
+        partition: i32,
+        max_unavailable: Option<IntOrString>,
+    },
+    /// RollingUpdate without a `rollingUpdate` stanza (only from a hand-built object).
+    RollingUpdateBare,
+    OnDelete,
+}
+
+#[derive(Clone, Debug)]
+pub struct SetView {
+    pub replicas: i32,
+    pub start: i32,
+    pub management: Management,
+    pub strategy: Strategy,
+    pub min_ready_seconds: i32,
+    pub deleting: bool,
+    pub current_revision: String,
+    pub update_revision: String,
+    /// `status.currentReplicas` (ST-9 without a `rollingUpdate` stanza).
+    pub status_current_replicas: i32,
+    /// Ordinals whose claims are still owned by an earlier pod (ST-36).
+    pub stale_claims: Vec<i32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PodView {
+    pub name: String,
+    pub ordinal: i32,
+    pub revision: String,
+    pub phase: Option<String>,
+    pub ready: bool,
+    /// The Ready condition's lastTransitionTime.
+    pub ready_since: Option<Timestamp>,
+    pub terminating: bool,
+    /// ST-10: identity and claim volumes as the set wants them.
+    pub identity_ok: bool,
+    /// ST-34: claim owner references as the policy wants them.
+    pub claim_refs_ok: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Which {
+    Current,
+    Update,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// ST-19 (b): claims, the pod at `which` revision, then the claims' references.
+    CreatePod {
+        ordinal: i32,
+        which: Which,
+    },
+    /// ST-19 (c): a Pending pod's missing claims.
+    CreateMissingClaims {
+        ordinal: i32,
+    },
+    /// ST-19 (e), ST-10.
+    Repair {
+        name: String,
+    },
+    /// ST-34 for a condemned pod, before it goes.
+    FixClaimRefs {
+        name: String,
+    },
+    DeletePod {
+        name: String,
+        why: Why,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// ST-19 (a), ST-38.
+    Terminal,
+    /// ST-22.
+    Condemned,
+    /// ST-27/ST-28.
+    Update,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Phase {
+    pub actions: Vec<Action>,
+    pub concurrent: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub phases: Vec<Phase>,
+    /// `M` and `U` of ST-25, for the §7 gauges.
+    pub max_unavailable: i32,
+    pub unavailable: i32,
+    /// When a pod turns Available (minReadySeconds), to look again.
+    pub requeue_after: Option<Duration>,
+    /// Why an OrderedReady pass stopped, for logs.
+    pub blocked: Option<String>,
+    /// An invalid maxUnavailable (the update step is skipped, as upstream fails it).
+    pub invalid: Option<String>,
+}
+
+impl PodView {
+    /// Upstream `isCreated`: the pod has a phase.
+    pub fn created(&self) -> bool {
+        self.phase.as_deref().is_some_and(|p| !p.is_empty())
+    }
+
+    fn terminal(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Failed" | "Succeeded"))
+    }
+
+    fn running_and_ready(&self) -> bool {
+        self.phase.as_deref() == Some("Running") && self.ready
+    }
+
+    /// Upstream `IsPodAvailable`: Ready for at least minReadySeconds.
+    pub fn available(&self, min_ready_seconds: i32, now: Timestamp) -> bool {
+        if !self.ready {
+            return false;
+        }
+        if min_ready_seconds <= 0 {
+            return true;
+        }
+        self.ready_since.is_some_and(|t| {
+            t.checked_add(SignedDuration::from_secs(i64::from(min_ready_seconds)))
+                .is_ok_and(|at| at <= now)
+        })
+    }
+
+    fn unavailable(&self, min_ready_seconds: i32, now: Timestamp) -> bool {
+        !self.available(min_ready_seconds, now) || self.terminating
+    }
+}
+
+/// ST-25 (upstream `getStatefulSetMaxUnavailable`): absent → 1; an integer as given; a
+/// percentage of `spec.replicas` rounded down; at least 1.
+pub fn max_unavailable(m: Option<&IntOrString>, replicas: i32) -> Result<i32, String> {
+    let n = match m {
+        None => 1,
+        Some(IntOrString::Int(i)) => *i,
+        Some(IntOrString::String(s)) => {
+            let pct = s
+                .strip_suffix('%')
+                .and_then(|p| p.parse::<i64>().ok())
+                .ok_or_else(|| {
+                    format!("spec.updateStrategy.rollingUpdate.maxUnavailable: invalid value {s:?}")
+                })?;
+            let scaled = pct.saturating_mul(i64::from(replicas)) / 100;
+            i32::try_from(scaled).unwrap_or(if scaled < 0 { i32::MIN } else { i32::MAX })
+        }
+    };
+    Ok(n.max(1))
+}
+
+/// One slot of the ordinal range: a pod, or none yet (to create at `which`).
+enum Slot<'a> {
+    Pod(&'a PodView),
+    Missing { ordinal: i32, which: Which },
+}
+
+impl Slot<'_> {
+    fn unavailable(&self, min_ready: i32, now: Timestamp) -> bool {
+        match self {
+            Slot::Pod(p) => p.unavailable(min_ready, now),
+            Slot::Missing { .. } => true,
+        }
+    }
+}
+
+/// ST-9 (upstream `newVersionedStatefulSetPod`): the revision a new pod of `ordinal` gets.
+pub fn which_revision(set: &SetView, ordinal: i32) -> Which {
+    let below = |n: i32| i64::from(ordinal) < i64::from(set.start) + i64::from(n);
+    match &set.strategy {
+        Strategy::RollingUpdate { partition, .. } if below(*partition) => Which::Current,
+        Strategy::RollingUpdateBare if below(set.status_current_replicas) => Which::Current,
+        _ => Which::Update,
+    }
+}
+
+/// The plan of one sync.
+pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
+    let min_ready = set.min_ready_seconds;
+    let replicas = set.replicas.max(0);
+    let start = set.start;
+    // ST-6: slots by index; valid ordinals outside the range are condemned.
+    let end = i64::from(start) + i64::from(replicas) - 1;
+    let mut by_ordinal: BTreeMap<i32, &PodView> = BTreeMap::new();
+    let mut condemned: Vec<&PodView> = Vec::new();
+    for p in pods.iter().filter(|p| p.ordinal >= 0) {
+        if i64::from(p.ordinal) >= i64::from(start) && i64::from(p.ordinal) <= end {
+            by_ordinal.insert(p.ordinal, p);
+        } else {
+            condemned.push(p);
+        }
+    }
+    // Descending ordinal (ST-22).
+    condemned.sort_by_key(|p| std::cmp::Reverse(p.ordinal));
+    let slots: Vec<Slot<'_>> = (0..replicas)
+        .filter_map(|i| start.checked_add(i))
+        .map(|ord| match by_ordinal.get(&ord) {
+            Some(p) => Slot::Pod(p),
+            None => Slot::Missing {
+                ordinal: ord,
+                which: which_revision(set, ord),
+            },
+        })
+        .collect();
+    // ST-18: the first unavailable slot, else the lowest-ordinal unavailable condemned pod.
+    let first_unavailable: Option<&str> = slots
+        .iter()
+        .find(|s| s.unavailable(min_ready, now))
+        .map(|s| match s {
+            Slot::Pod(p) => p.name.as_str(),
+            Slot::Missing { .. } => "",
+        })
+        .or_else(|| {
+            condemned
+                .iter()
+                .rev()
+                .find(|p| p.unavailable(min_ready, now))
+                .map(|p| p.name.as_str())
+        });
+    let mut out = Plan {
+        requeue_after: requeue(pods, min_ready, now),
+        ..Plan::default()
+    };
+    let m = match &set.strategy {
+        Strategy::RollingUpdate {
+            max_unavailable: mu,
+            ..
+        } => max_unavailable(mu.as_ref(), set.replicas),
+        _ => Ok(1),
+    };
+    out.max_unavailable = *m.as_ref().unwrap_or(&1);
+    out.unavailable = slots
+        .iter()
+        .filter(|s| s.unavailable(min_ready, now))
+        .count() as i32;
+    // ST-5: a deleting set gets status only.
+    if set.deleting {
+        return out;
+    }
+    let monotonic = set.management == Management::OrderedReady;
+    let mut replica_phase = Phase {
+        actions: Vec::new(),
+        concurrent: !monotonic,
+    };
+    let mut blocked: Option<String> = None;
+    for slot in &slots {
+        let (actions, stop) = process_replica(set, slot, monotonic, now);
+        replica_phase.actions.extend(actions);
+        if stop && monotonic {
+            blocked = Some(match slot {
+                Slot::Pod(p) => format!("waiting for pod {}", p.name),
+                Slot::Missing { ordinal, .. } => format!("creating ordinal {ordinal}"),
+            });
+            break;
+        }
+    }
+    if monotonic && blocked.is_some() {
+        out.phases.push(replica_phase);
+        out.phases.retain(|p| !p.actions.is_empty());
+        out.blocked = blocked;
+        return out;
+    }
+    // ST-34: condemned pods' claims get their references before the pods go.
+    let claim_phase = Phase {
+        actions: condemned
+            .iter()
+            .filter(|p| !p.claim_refs_ok)
+            .map(|p| Action::FixClaimRefs {
+                name: p.name.clone(),
+            })
+            .collect(),
+        concurrent: !monotonic,
+    };
+    // ST-22 (upstream `processCondemned`), highest ordinal first.
+    let mut condemned_phase = Phase {
+        actions: Vec::new(),
+        concurrent: !monotonic,
+    };
+    for p in &condemned {
+        if p.terminating {
+            if monotonic {
+                blocked = Some(format!("waiting for condemned pod {} to go", p.name));
+                break;
+            }
+            continue;
+        }
+        let first = first_unavailable == Some(p.name.as_str());
+        if monotonic && !first && (!p.running_and_ready() || !p.available(min_ready, now)) {
+            blocked = Some(format!(
+                "waiting for {} before scaling down",
+                first_unavailable.unwrap_or_default()
+            ));
+            break;
+        }
+        condemned_phase.actions.push(Action::DeletePod {
+            name: p.name.clone(),
+            why: Why::Condemned,
+        });
+        if monotonic {
+            blocked = Some(format!("scaling down: {} goes first", p.name));
+            break;
+        }
+    }
+    if monotonic {
+        out.phases = vec![replica_phase, claim_phase, condemned_phase];
+    } else {
+        // B-4: Parallel scales down before it creates, so a quota-limited set gets room.
+        out.phases = vec![claim_phase, condemned_phase, replica_phase];
+    }
+    out.phases.retain(|p| !p.actions.is_empty());
+    // ST-24: the update step only after a pass that did not stop; OnDelete never (ST-31).
+    if blocked.is_some() || matches!(set.strategy, Strategy::OnDelete) {
+        out.blocked = blocked;
+        return out;
+    }
+    match m {
+        Err(e) => out.invalid = Some(e),
+        Ok(m) => {
+            let deletes = update_step(set, &slots, m, now);
+            if !deletes.is_empty() {
+                out.phases.push(Phase {
+                    actions: deletes,
+                    concurrent: !monotonic,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// ST-19 (upstream `processReplica`): the actions for one slot and whether an OrderedReady
+/// pass stops there.
+fn process_replica(
+    set: &SetView,
+    slot: &Slot<'_>,
+    monotonic: bool,
+    now: Timestamp,
+) -> (Vec<Action>, bool) {
+    let p = match slot {
+        Slot::Missing { ordinal, which } => {
+            // ST-36: a claim still being collected for an earlier pod: wait.
+            if set.stale_claims.contains(ordinal) {
+                return (vec![], true);
+            }
+            return (
+                vec![Action::CreatePod {
+                    ordinal: *ordinal,
+                    which: *which,
+                }],
+                monotonic,
+            );
+        }
+        Slot::Pod(p) => p,
+    };
+    // (a) ST-38: a terminal pod is deleted (it returns under the same name once gone).
+    if p.terminal() {
+        let actions = if p.terminating {
+            vec![]
+        } else {
+            vec![Action::DeletePod {
+                name: p.name.clone(),
+                why: Why::Terminal,
+            }]
+        };
+        return (actions, true);
+    }
+    let mut actions = Vec::new();
+    // (c) a Pending pod gets its missing claims.
+    if p.phase.as_deref() == Some("Pending") {
+        actions.push(Action::CreateMissingClaims { ordinal: p.ordinal });
+    }
+    // (d) OrderedReady waits for each pod to be running, ready and available.
+    if monotonic
+        && (p.terminating || !p.running_and_ready() || !p.available(set.min_ready_seconds, now))
+    {
+        return (actions, true);
+    }
+    // (e) ST-10, ST-34.
+    if !p.identity_ok || !p.claim_refs_ok {
+        actions.push(Action::Repair {
+            name: p.name.clone(),
+        });
+    }
+    (actions, false)
+}
+
+/// ST-25..ST-29 (upstream `updateStatefulSetAfterInvariantEstablished`, 1.37 with #137666),
+/// for every set (B-1): the pods deleted for the update, highest index first.
+fn update_step(set: &SetView, slots: &[Slot<'_>], m: i32, now: Timestamp) -> Vec<Action> {
+    let min_ready = set.min_ready_seconds;
+    let partition = match &set.strategy {
+        Strategy::RollingUpdate { partition, .. } => (*partition).max(0),
+        _ => 0,
+    };
+    let is_old = |s: &Slot<'_>| match s {
+        Slot::Pod(p) => p.revision != set.update_revision,
+        Slot::Missing { which, .. } => {
+            *which == Which::Current && set.current_revision != set.update_revision
+        }
+    };
+    fn pod<'a>(s: &Slot<'a>) -> Option<&'a PodView> {
+        match s {
+            Slot::Pod(p) => Some(p),
+            Slot::Missing { .. } => None,
+        }
+    }
+    let unavailable = slots
+        .iter()
+        .filter(|s| s.unavailable(min_ready, now))
+        .count() as i64;
+    let parallel = set.management == Management::Parallel;
+    let needing_update = slots
+        .iter()
+        .filter(|s| {
+            parallel
+                && s.unavailable(min_ready, now)
+                && is_old(s)
+                && pod(s).is_some_and(|p| !p.terminating)
+        })
+        .count();
+    let m = i64::from(m);
+    if unavailable >= m && needing_update == 0 {
+        return vec![];
+    }
+    // Indices from the top down to the partition (nothing below it is deleted, ST-26).
+    let targets = || {
+        slots
+            .iter()
+            .enumerate()
+            .rev()
+            .take_while(move |(i, _)| *i as i64 >= i64::from(partition))
+            .filter_map(|(_, s)| pod(s).map(|p| (s, p)))
+    };
+    let mut out = Vec::new();
+    let delete = |p: &PodView| Action::DeletePod {
+        name: p.name.clone(),
+        why: Why::Update,
+    };
+    if parallel {
+        // Phase 1: old pods that are not available (and not going) are replaced at once.
+        for (s, p) in targets() {
+            if is_old(s) && !p.available(min_ready, now) && !p.terminating {
+                out.push(delete(p));
+            }
+        }
+        // Phase 2: available old pods within what is left of the budget.
+        let mut budget = m - unavailable;
+        for (s, p) in targets() {
+            if budget <= 0 {
+                break;
+            }
+            if is_old(s) && !p.unavailable(min_ready, now) {
+                out.push(delete(p));
+                budget -= 1;
+            }
+        }
+        return out;
+    }
+    let mut budget = m - unavailable;
+    for (s, p) in targets() {
+        if budget <= 0 {
+            break;
+        }
+        if is_old(s) && !p.terminating {
+            out.push(delete(p));
+            budget -= 1;
+        }
+    }
+    out
+}
+
+/// ST-2/ST-30: with minReadySeconds, when the next ready pod becomes available.
+fn requeue(pods: &[PodView], min_ready: i32, now: Timestamp) -> Option<Duration> {
+    if min_ready <= 0 {
+        return None;
+    }
+    pods.iter()
+        .filter(|p| p.ready && !p.available(min_ready, now))
+        .filter_map(|p| {
+            let at = p
+                .ready_since?
+                .checked_add(SignedDuration::from_secs(i64::from(min_ready)))
+                .ok()?;
+            Some(
+                at.duration_since(now)
+                    .unsigned_abs()
+                    .saturating_add(Duration::from_millis(1)),
+            )
+        })
+        .min()
+        .or(Some(Duration::from_secs(min_ready.unsigned_abs().into()))
+            .filter(|_| pods.iter().any(|p| p.ready && !p.available(min_ready, now))))
+}

@@ -1,0 +1,1071 @@
+//! One StatefulSet's sync (upstream `sync` → `UpdateStatefulSet`): read-your-writes check
+//! (ST-44), adoption of revisions and pods (ST-4), the current and update revisions (ST-14),
+//! the plan (ST-18..ST-31) and its writes, the status (ST-40..ST-42) and the history (ST-17).
+
+use crate::identity::{self, Owners};
+use crate::metrics::{GroupResource, Metrics, SetLabels, ZeroGraceLabels};
+use crate::model::StatefulSet;
+use crate::plan::{self, Action, Management, PodView, SetView, Strategy, Which};
+use crate::revision::{self, Current, Existing, OnAlreadyExists, SetSource, Update};
+use crate::{Error, act, api, status};
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use serde_json::Value;
+use shared::claim;
+use shared::clock::Clock;
+use shared::consistency::Consistency;
+use shared::events::EventRecorder;
+use shared::informers::{INDEX_CONTROLLER_UID, INDEX_ORPHAN_NAMESPACE, Informer, object_key};
+use shared::pod::Pod;
+use shared::queue::{Next, Queue};
+use shared::refs::controller_of;
+use shared::writer::Writer;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// ST-44: how soon a set whose caches lag its own writes is looked at again.
+const STALE_RETRY: Duration = Duration::from_millis(100);
+
+pub struct Caches {
+    pub sets: Arc<Informer<StatefulSet>>,
+    pub pods: Arc<Informer<Pod>>,
+    pub claims: Arc<Informer<PersistentVolumeClaim>>,
+    pub revisions: Arc<Informer<ControllerRevision>>,
+}
+
+pub struct StatefulSets {
+    pub c: Caches,
+    pub queue: Arc<Queue<String>>,
+    pub writer: Writer,
+    pub events: EventRecorder,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Metrics,
+    consistency: Consistency,
+    /// B-7: the generation each set was last warned about, by UID.
+    zero_grace_warned: Mutex<HashMap<String, i64>>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The revisions of a set as the sync sees them: the cached objects and their data bytes.
+struct Revisions {
+    objects: Vec<Arc<ControllerRevision>>,
+    data: Vec<Vec<u8>>,
+}
+
+impl Revisions {
+    fn existing(&self) -> Vec<Existing<'_>> {
+        self.objects
+            .iter()
+            .zip(&self.data)
+            .map(|(r, d)| Existing {
+                name: r.metadata.name.as_deref().unwrap_or_default(),
+                revision: r.revision.unwrap_or(0),
+                created: r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                hash_label: r
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(revision::HASH_LABEL))
+                    .map(String::as_str),
+                data: d,
+            })
+            .collect()
+    }
+
+    fn template(&self, name: &str) -> Option<Value> {
+        self.objects
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(name))
+            .and_then(|r| revision::template_from_data(&r.data.0))
+    }
+}
+
+/// What the revision step settled.
+pub(crate) struct Revs {
+    pub current: String,
+    pub update: String,
+    pub current_template: Value,
+    pub update_template: Value,
+    pub collision_count: i32,
+}
+
+impl StatefulSets {
+    pub fn new(
+        c: Caches,
+        queue: Arc<Queue<String>>,
+        writer: Writer,
+        events: EventRecorder,
+        clock: Arc<dyn Clock>,
+        metrics: Metrics,
+    ) -> StatefulSets {
+        StatefulSets {
+            c,
+            queue,
+            writer,
+            events,
+            clock,
+            metrics,
+            consistency: Consistency::new(),
+            zero_grace_warned: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn newest(&self, resource: &str) -> u64 {
+        match resource {
+            "pods" => self.c.pods.newest_resource_version(),
+            "persistentvolumeclaims" => self.c.claims.newest_resource_version(),
+            "controllerrevisions" => self.c.revisions.newest_resource_version(),
+            "statefulsets" => self.c.sets.newest_resource_version(),
+            _ => u64::MAX,
+        }
+    }
+
+    pub(crate) fn wrote(&self, key: &str, resource: &'static str, rv: Option<&str>) {
+        self.consistency.wrote(key, resource, rv);
+    }
+
+    pub async fn sync(&self, key: &str) -> Result<Next, Error> {
+        // ST-44: act only on caches that show this set's own writes (B-8: revisions too).
+        if let Err(behind) = self.consistency.check(key, |r| self.newest(r)) {
+            let group =
+                if behind.resource == "controllerrevisions" || behind.resource == "statefulsets" {
+                    "apps"
+                } else {
+                    ""
+                };
+            self.metrics
+                .stale_skips
+                .get_or_create(&GroupResource {
+                    group: group.into(),
+                    resource: behind.resource.into(),
+                })
+                .inc();
+            tracing::debug!(
+                resource = behind.resource,
+                wrote = behind.wrote,
+                seen = behind.seen,
+                "caches behind this set's writes; waiting"
+            );
+            return Ok(Next::After(STALE_RETRY));
+        }
+        let Some(set) = self.c.sets.get(key) else {
+            self.consistency.forget(key);
+            return Ok(Next::Done);
+        };
+        let selector = set.spec.as_ref().and_then(|s| s.selector.as_ref());
+        if let Err(e) = shared::selector::matches(selector, None) {
+            // Upstream logs and drops the key; an operator gets told which field.
+            self.events.warning(
+                &shared::refs::object_reference(set.as_ref()),
+                "InvalidSelector",
+                "Sync",
+                format!("spec.selector: {e}"),
+            );
+            return Ok(Next::Done);
+        }
+        self.adopt_orphan_revisions(&set).await?;
+        let pods = self.claim_pods(&set).await?;
+        self.update_set(key, &set, pods).await
+    }
+
+    /// ST-4: the set's revisions from the cache: its own and orphans matching its selector
+    /// (upstream `ListControllerRevisions`).
+    fn revisions_of(&self, set: &StatefulSet) -> Vec<Arc<ControllerRevision>> {
+        let selector = set.spec.as_ref().and_then(|s| s.selector.as_ref());
+        let matches = |r: &ControllerRevision| {
+            shared::selector::matches(selector, r.metadata.labels.as_ref()).unwrap_or(false)
+        };
+        self.c
+            .revisions
+            .by_index(INDEX_CONTROLLER_UID, set.uid())
+            .into_iter()
+            .chain(
+                self.c
+                    .revisions
+                    .by_index(INDEX_ORPHAN_NAMESPACE, set.namespace()),
+            )
+            .filter(|r| matches(r))
+            .collect()
+    }
+
+    /// ST-4 (upstream `adoptOrphanRevisions`): orphans matching the selector are adopted after a
+    /// live re-read of the set.
+    async fn adopt_orphan_revisions(&self, set: &StatefulSet) -> Result<(), Error> {
+        let orphans: Vec<_> = self
+            .revisions_of(set)
+            .into_iter()
+            .filter(|r| controller_of(&r.metadata).is_none())
+            .collect();
+        if orphans.is_empty() || set.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        self.can_adopt(set).await?;
+        for r in orphans {
+            let name = r.metadata.name.as_deref().unwrap_or_default();
+            let uid = r.metadata.uid.as_deref().unwrap_or_default();
+            match act::adopt::<ControllerRevision>(&self.writer, set, set.namespace(), name, uid)
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if claim::adopt_error_ignored(&e) => {}
+                Err(e) => return Err(api(format!("adopting revision {name}"))(e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn can_adopt(&self, set: &StatefulSet) -> Result<(), Error> {
+        let fresh = act::get_set(&self.writer, set.namespace(), set.name())
+            .await
+            .map_err(api(format!("re-reading statefulset {}", object_key(set))))?;
+        claim::can_adopt(set, &fresh).map_err(|e| Error::Claim(e.to_string()))
+    }
+
+    /// ST-4 (upstream `getPodsForStatefulSet`): owned pods and orphans of this set's name that
+    /// match its selector; owned pods that stopped matching are released.
+    async fn claim_pods(&self, set: &StatefulSet) -> Result<Vec<Arc<Pod>>, Error> {
+        let selector = set.spec.as_ref().and_then(|s| s.selector.as_ref());
+        let member = |p: &Pod| {
+            identity::parent_and_ordinal(p.metadata.name.as_deref().unwrap_or_default()).0
+                == set.name()
+        };
+        let matches = |p: &Pod| {
+            member(p)
+                && shared::selector::matches(selector, p.metadata.labels.as_ref()).unwrap_or(false)
+        };
+        let candidates = self
+            .c
+            .pods
+            .by_index(INDEX_CONTROLLER_UID, set.uid())
+            .into_iter()
+            .chain(
+                self.c
+                    .pods
+                    .by_index(INDEX_ORPHAN_NAMESPACE, set.namespace()),
+            );
+        let claims = claim::partition::<Pod, _>(&set.metadata, candidates, matches);
+        let mut failed: Option<Error> = None;
+        for p in &claims.release {
+            let (name, uid) = (pod_name(p), pod_uid(p));
+            if let Err(e) = act::release::<k8s_openapi::api::core::v1::Pod>(
+                &self.writer,
+                set,
+                set.namespace(),
+                name,
+                uid,
+            )
+            .await
+                && !claim::release_error_ignored(&e)
+            {
+                failed.get_or_insert(api(format!("releasing pod {name}"))(e));
+            }
+        }
+        let mut claimed = claims.owned;
+        if !claims.adopt.is_empty() {
+            self.can_adopt(set).await?;
+            for p in claims.adopt {
+                let (name, uid) = (pod_name(&p), pod_uid(&p));
+                match act::adopt::<k8s_openapi::api::core::v1::Pod>(
+                    &self.writer,
+                    set,
+                    set.namespace(),
+                    name,
+                    uid,
+                )
+                .await
+                {
+                    Ok(()) => {
+                        let mut copy = (*p).clone();
+                        copy.metadata.owner_references = Some(vec![identity::set_ref(set)]);
+                        claimed.push(Arc::new(copy));
+                    }
+                    Err(e) if claim::adopt_error_ignored(&e) => {}
+                    Err(e) => {
+                        failed.get_or_insert(api(format!("adopting pod {name}"))(e));
+                    }
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(claimed),
+        }
+    }
+
+    /// ST-14 (upstream `getStatefulSetRevisions`): the current and update revisions, creating or
+    /// rolling back to one as needed.
+    async fn revisions(&self, key: &str, set: &StatefulSet) -> Result<Revs, Error> {
+        let objects = self.revisions_of(set);
+        let data = objects
+            .iter()
+            .map(|r| revision::go_json(&r.data.0))
+            .collect();
+        let revs = Revisions { objects, data };
+        let existing = revs.existing();
+        let spec = set.spec();
+        let candidate = revision::patch_data(&spec.template);
+        let status = set.status();
+        let mut count = status.collision_count.unwrap_or(0);
+        let decision = revision::choose(
+            &existing,
+            &candidate,
+            count,
+            status.current_revision.as_deref(),
+            |newest| {
+                revs.template(newest.name)
+                    .is_some_and(|t| revision::semantically_equal(&t, &spec.template))
+            },
+        );
+        let update = match decision.update {
+            Update::Newest { name } | Update::SemanticMatch { name } => name,
+            Update::Rollback { name, revision } => {
+                let obj = revs
+                    .objects
+                    .iter()
+                    .find(|r| r.metadata.name.as_deref() == Some(name.as_str()))
+                    .expect("chosen among these");
+                let after = act::set_revision_number(&self.writer, obj, revision)
+                    .await
+                    .map_err(api(format!("rolling back to revision {name}")))?;
+                self.wrote(
+                    key,
+                    "controllerrevisions",
+                    after.metadata.resource_version.as_deref(),
+                );
+                name
+            }
+            Update::Create {
+                revision,
+                collision_count,
+            } => {
+                let source = SetSource {
+                    name: set.name(),
+                    namespace: set.namespace(),
+                    uid: set.uid(),
+                    annotations: set.metadata.annotations.as_ref(),
+                    template: &spec.template,
+                };
+                let mut new = revision::new_revision(&source, revision, collision_count);
+                count = collision_count;
+                let mut attempts = 0;
+                loop {
+                    attempts += 1;
+                    let body = revision::request_body(&new.object, &new.data);
+                    match self
+                        .writer
+                        .create_raw::<ControllerRevision>(set.namespace(), body)
+                        .await
+                    {
+                        Ok(created) => {
+                            self.wrote(
+                                key,
+                                "controllerrevisions",
+                                created.metadata.resource_version.as_deref(),
+                            );
+                            break created.metadata.name.unwrap_or_default();
+                        }
+                        Err(e) if shared::apierr::is_already_exists(&e) => {
+                            let name = new.object.metadata.name.clone().unwrap_or_default();
+                            let found = self
+                                .writer
+                                .get::<ControllerRevision>(set.namespace(), &name)
+                                .await
+                                .map_err(api(format!("reading revision {name}")))?;
+                            match revision::on_already_exists(
+                                &revision::go_json(&found.data.0),
+                                &new.data,
+                                count,
+                            ) {
+                                OnAlreadyExists::Reuse => break name,
+                                OnAlreadyExists::Collision { next_count } => {
+                                    count = next_count;
+                                    if attempts >= revision::MAX_CREATE_ATTEMPTS {
+                                        // The count is persisted so the next sync goes on from it.
+                                        self.write_collision_count(key, set, count).await?;
+                                        return Err(Error::Revision(format!(
+                                            "{attempts} ControllerRevision name collisions for {}",
+                                            object_key(set)
+                                        )));
+                                    }
+                                    revision::renamed_for_collision(&mut new, set.name(), count);
+                                }
+                            }
+                        }
+                        Err(e) => return Err(api("creating a ControllerRevision")(e)),
+                    }
+                }
+            }
+        };
+        let current = match decision.current {
+            Current::Named(n) => n,
+            Current::Update => update.clone(),
+        };
+        let update_template = spec.template.clone();
+        let current_template = if current == update {
+            update_template.clone()
+        } else {
+            revs.template(&current)
+                .unwrap_or_else(|| update_template.clone())
+        };
+        Ok(Revs {
+            current,
+            update,
+            current_template,
+            update_template,
+            collision_count: count,
+        })
+    }
+
+    async fn write_collision_count(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        count: i32,
+    ) -> Result<(), Error> {
+        let mut status = set.status();
+        status.collision_count = Some(count);
+        let after = act::write_status(&self.writer, set, &status)
+            .await
+            .map_err(api("writing status.collisionCount"))?;
+        self.wrote(
+            key,
+            "statefulsets",
+            after.metadata.resource_version.as_deref(),
+        );
+        Ok(())
+    }
+
+    /// B-7: a Warning once per generation, and the gauge.
+    fn warn_zero_grace(&self, set: &StatefulSet) {
+        let zero = set
+            .spec()
+            .template
+            .pointer("/spec/terminationGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            == Some(0);
+        let labels = ZeroGraceLabels {
+            namespace: set.namespace().into(),
+            statefulset: set.name().into(),
+        };
+        self.metrics
+            .zero_grace
+            .get_or_create(&labels)
+            .set(i64::from(zero));
+        if !zero {
+            return;
+        }
+        let generation = set.metadata.generation.unwrap_or(0);
+        let mut warned = lock(&self.zero_grace_warned);
+        if warned.get(set.uid()) == Some(&generation) {
+            return;
+        }
+        warned.insert(set.uid().into(), generation);
+        self.events.warning(
+            &shared::refs::object_reference(set),
+            "UnsafeZeroGracePeriod",
+            "Sync",
+            "spec.template.spec.terminationGracePeriodSeconds is 0: a replacement pod may start while the old one still runs on the same volume (kubernetes#120671)".to_string(),
+        );
+    }
+
+    fn set_gauges(&self, set: &StatefulSet, max_unavailable: i64, unavailable: i64) {
+        let labels = SetLabels {
+            statefulset_namespace: set.namespace().into(),
+            statefulset_name: set.name().into(),
+            pod_management_policy: set
+                .spec
+                .as_ref()
+                .and_then(|s| s.pod_management_policy.clone())
+                .unwrap_or_else(|| "OrderedReady".into()),
+        };
+        self.metrics
+            .max_unavailable
+            .get_or_create(&labels)
+            .set(max_unavailable);
+        self.metrics
+            .unavailable
+            .get_or_create(&labels)
+            .set(unavailable);
+    }
+}
+
+pub(crate) fn pod_name(p: &Pod) -> &str {
+    p.metadata.name.as_deref().unwrap_or_default()
+}
+
+pub(crate) fn pod_uid(p: &Pod) -> &str {
+    p.metadata.uid.as_deref().unwrap_or_default()
+}
+
+/// The claim owners of `ordinal` (ST-34).
+pub(crate) fn owners<'a>(
+    set: &'a StatefulSet,
+    pod_name: &'a str,
+    pod_uid: &'a str,
+    ordinal: i32,
+) -> Owners<'a> {
+    let start = set.start_ordinal();
+    let end = start.saturating_add(set.replicas()).saturating_sub(1);
+    Owners {
+        set,
+        pod_name,
+        pod_uid,
+        condemned: !(start..=end).contains(&ordinal),
+    }
+}
+
+/// Upstream's event verbs, title-cased as 1.37 prints them (`cases.Title`).
+fn title(verb: &str) -> String {
+    let mut c = verb.chars();
+    c.next()
+        .map(|f| f.to_uppercase().collect::<String>() + c.as_str())
+        .unwrap_or_default()
+}
+
+impl StatefulSets {
+    /// §1.6: `SuccessfulCreate` / `FailedCreate` (and update, delete) for a pod of the set.
+    pub(crate) fn pod_event(
+        &self,
+        set: &StatefulSet,
+        verb: &str,
+        pod: &str,
+        err: Option<&kube::Error>,
+    ) {
+        let subject = shared::refs::object_reference(set);
+        match err {
+            None => self.events.normal(
+                &subject,
+                &format!("Successful{}", title(verb)),
+                &title(verb),
+                format!(
+                    "{} Pod {pod} in StatefulSet {} successful",
+                    title(verb),
+                    set.name()
+                ),
+            ),
+            Some(e) => self.events.warning(
+                &subject,
+                &format!("Failed{}", title(verb)),
+                &title(verb),
+                format!(
+                    "{} Pod {pod} in StatefulSet {} failed error: {e}",
+                    title(verb),
+                    set.name()
+                ),
+            ),
+        }
+    }
+
+    /// §1.6 for claims.
+    fn claim_event(&self, set: &StatefulSet, claim: &str, pod: &str, err: Option<&kube::Error>) {
+        let subject = shared::refs::object_reference(set);
+        match err {
+            None => self.events.normal(
+                &subject,
+                "SuccessfulCreate",
+                "Create",
+                format!(
+                    "Create Claim {claim} Pod {pod} in StatefulSet {} success",
+                    set.name()
+                ),
+            ),
+            Some(e) => self.events.warning(
+                &subject,
+                "FailedCreate",
+                "Create",
+                format!(
+                    "Create Claim {claim} for Pod {pod} in StatefulSet {} failed error: {e}",
+                    set.name()
+                ),
+            ),
+        }
+    }
+
+    /// ST-32 (upstream `createPersistentVolumeClaims`): the missing claims of `ordinal`; an
+    /// existing claim being deleted is an error (the pod must wait for it).
+    pub(crate) async fn create_claims(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        ordinal: i32,
+    ) -> Result<(), Error> {
+        let pod = identity::pod_name(set.name(), ordinal);
+        let mut first: Option<Error> = None;
+        for (name, body) in identity::new_claims(set, ordinal) {
+            match self.c.claims.get(&format!("{}/{name}", set.namespace())) {
+                Some(c) if c.metadata.deletion_timestamp.is_some() => {
+                    first.get_or_insert(Error::Claim(format!("pvc {name} is being deleted")));
+                }
+                Some(_) => {}
+                None => match act::create_claim(&self.writer, set.namespace(), body).await {
+                    Ok(created) => {
+                        self.wrote(
+                            key,
+                            "persistentvolumeclaims",
+                            created.metadata.resource_version.as_deref(),
+                        );
+                        self.claim_event(set, &name, &pod, None);
+                    }
+                    // Created meanwhile (by us, not yet cached, or by someone else): fine, but
+                    // the sync fails as upstream's does, to retry on a fresher cache.
+                    Err(e) if shared::apierr::is_already_exists(&e) => {
+                        first.get_or_insert(api(format!("creating claim {name}"))(e));
+                    }
+                    Err(e) => {
+                        self.claim_event(set, &name, &pod, Some(&e));
+                        first.get_or_insert(api(format!("creating claim {name}"))(e));
+                    }
+                },
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// ST-34/ST-35 (upstream `UpdatePodClaimForRetentionPolicy`): each cached claim of the
+    /// pod's ordinal gets the owner references its policy asks for.
+    pub(crate) async fn fix_claim_refs(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        pod_name: &str,
+        pod_uid: &str,
+    ) -> Result<(), Error> {
+        let ordinal = identity::ordinal(pod_name);
+        for t in set.claim_template_names() {
+            let name = identity::claim_name(t, set.name(), ordinal);
+            let Some(claim) = self.c.claims.get(&format!("{}/{name}", set.namespace())) else {
+                continue;
+            };
+            let o = owners(set, pod_name, pod_uid, ordinal);
+            if identity::has_unexpected_controller(&claim, &o) {
+                self.events.warning(
+                    &shared::refs::object_reference(set),
+                    "ConflictingController",
+                    "Update",
+                    format!("PersistentVolumeClaim {name} has a conflicting OwnerReference that acts as a manging controller, the retention policy is ignored for this claim"),
+                );
+            }
+            if identity::claim_refs_up_to_date(&claim, &o) {
+                continue;
+            }
+            let updated = act::set_claim_refs(&self.writer, set.namespace(), &name, |live| {
+                identity::claim_refs(live, &owners(set, pod_name, pod_uid, ordinal))
+            })
+            .await
+            .map_err(api(format!(
+                "updating the owner references of claim {name}"
+            )))?;
+            self.wrote(
+                key,
+                "persistentvolumeclaims",
+                updated.metadata.resource_version.as_deref(),
+            );
+        }
+        Ok(())
+    }
+
+    /// ST-19 (b), ST-43 (upstream `CreateStatefulPod`): claims, then the pod, then the claims'
+    /// references to it.
+    pub(crate) async fn create_pod(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        ordinal: i32,
+        template: &Value,
+        revision: &str,
+    ) -> Result<(), Error> {
+        let name = identity::pod_name(set.name(), ordinal);
+        if let Err(e) = self.create_claims(key, set, ordinal).await {
+            if let Error::Api { source, .. } = &e {
+                self.pod_event(set, "create", &name, Some(source));
+            }
+            return Err(e);
+        }
+        let body = identity::new_pod(set, template, ordinal, revision);
+        match act::create_pod(&self.writer, set.namespace(), body).await {
+            Ok(created) => {
+                self.wrote(key, "pods", created.metadata.resource_version.as_deref());
+                let uid = created.metadata.uid.clone().unwrap_or_default();
+                if let Err(e) = self.fix_claim_refs(key, set, &name, &uid).await {
+                    if let Error::Api { source, .. } = &e {
+                        self.pod_event(set, "update", &name, Some(source));
+                    }
+                    return Err(e);
+                }
+                self.pod_event(set, "create", &name, None);
+                Ok(())
+            }
+            // ST-43: an error without an event.
+            Err(e) if shared::apierr::is_already_exists(&e) => {
+                Err(api(format!("creating pod {name}"))(e))
+            }
+            Err(e) => {
+                self.pod_event(set, "create", &name, Some(&e));
+                Err(api(format!("creating pod {name}"))(e))
+            }
+        }
+    }
+
+    /// ST-23 (upstream `DeleteStatefulPod`): a plain delete; gone already is success.
+    pub(crate) async fn delete_pod(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        name: &str,
+    ) -> Result<(), Error> {
+        match act::delete_pod(&self.writer, set.namespace(), name).await {
+            // Read-your-writes for deletes too: a cache still showing the pod as running would
+            // count it as available (ST-25).
+            Ok(rv) => self.wrote(key, "pods", rv.as_deref()),
+            Err(e) if shared::apierr::is_not_found(&e) => {}
+            Err(e) => {
+                self.pod_event(set, "delete", name, Some(&e));
+                return Err(api(format!("deleting pod {name}"))(e));
+            }
+        }
+        self.pod_event(set, "delete", name, None);
+        Ok(())
+    }
+
+    /// ST-10 (upstream `UpdateStatefulPod`): identity and claim volumes repaired.
+    pub(crate) async fn repair_pod(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        name: &str,
+    ) -> Result<(), Error> {
+        match act::repair_pod(&self.writer, set, name).await {
+            Ok(p) => {
+                self.wrote(key, "pods", p.metadata.resource_version.as_deref());
+                self.pod_event(set, "update", name, None);
+                Ok(())
+            }
+            Err(e) => {
+                self.pod_event(set, "update", name, Some(&e));
+                Err(api(format!("updating pod {name}"))(e))
+            }
+        }
+    }
+}
+
+/// What the sync reads of one cached pod for the plan.
+pub(crate) struct Observed {
+    pub ready: bool,
+    /// The Ready condition's lastTransitionTime when Ready.
+    pub ready_since: Option<k8s_openapi::jiff::Timestamp>,
+    pub phase: Option<String>,
+    pub terminating: bool,
+    pub revision: String,
+    /// ST-10.
+    pub identity_ok: bool,
+    /// ST-34.
+    pub claim_refs_ok: bool,
+}
+
+impl StatefulSets {
+    pub(crate) fn observe_pod(&self, set: &StatefulSet, pod: &Pod) -> Observed {
+        let ready_cond = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+        let ready = ready_cond.is_some_and(|c| c.status == "True");
+        let (name, uid) = (pod_name(pod), pod_uid(pod));
+        let ordinal = identity::ordinal(name);
+        let o = owners(set, name, uid, ordinal);
+        let claims: Vec<_> = set
+            .claim_template_names()
+            .into_iter()
+            .filter_map(|t| {
+                self.c.claims.get(&format!(
+                    "{}/{}",
+                    set.namespace(),
+                    identity::claim_name(t, set.name(), ordinal)
+                ))
+            })
+            .collect();
+        Observed {
+            ready,
+            ready_since: ready_cond
+                .filter(|_| ready)
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0),
+            phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            revision: identity::label(pod, identity::REVISION_LABEL)
+                .unwrap_or_default()
+                .to_string(),
+            identity_ok: identity::identity_matches(set, pod)
+                && identity::storage_matches(set, pod),
+            claim_refs_ok: claims
+                .iter()
+                .all(|c| identity::claim_refs_up_to_date(c, &o)),
+        }
+    }
+}
+
+impl StatefulSets {
+    /// ST-36 for a slot without a pod: a claim of that ordinal still owned by an earlier pod.
+    fn slot_claim_stale(&self, set: &StatefulSet, ordinal: i32) -> bool {
+        let name = identity::pod_name(set.name(), ordinal);
+        let o = owners(set, &name, "", ordinal);
+        set.claim_template_names().into_iter().any(|t| {
+            self.c
+                .claims
+                .get(&format!(
+                    "{}/{}",
+                    set.namespace(),
+                    identity::claim_name(t, set.name(), ordinal)
+                ))
+                .is_some_and(|c| identity::claim_is_stale(&c, &o))
+        })
+    }
+
+    /// ST-17: non-live revisions beyond the history limit are deleted, oldest first.
+    async fn truncate_history(
+        &self,
+        set: &StatefulSet,
+        pods: &[Arc<Pod>],
+        revs: &Revs,
+    ) -> Result<(), Error> {
+        let objects = self.revisions_of(set);
+        let data: Vec<Vec<u8>> = objects
+            .iter()
+            .map(|r| revision::go_json(&r.data.0))
+            .collect();
+        let all = Revisions { objects, data };
+        let existing = all.existing();
+        let doomed = revision::history_to_delete(
+            &existing,
+            Some(revs.current.as_str()),
+            Some(revs.update.as_str()),
+            pods.iter()
+                .filter_map(|p| identity::label(p, identity::REVISION_LABEL)),
+            set.spec.as_ref().and_then(|s| s.revision_history_limit),
+        );
+        for name in doomed {
+            match act::delete_revision(&self.writer, set.namespace(), &name).await {
+                Ok(()) => {}
+                Err(e) if shared::apierr::is_not_found(&e) => {}
+                Err(e) => return Err(api(format!("deleting revision {name}"))(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StatefulSets {
+    /// Upstream `UpdateStatefulSet`: revisions, the plan and its writes, status, history.
+    async fn update_set(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        pods: Vec<Arc<Pod>>,
+    ) -> Result<Next, Error> {
+        self.warn_zero_grace(set);
+        let revs = self.revisions(key, set).await?;
+        let now = self.clock.now();
+        let views: Vec<plan::PodView> = pods.iter().map(|p| self.pod_view(set, p)).collect();
+        let set_view = self.set_view(set, &revs);
+        let planned = plan::plan(&set_view, &views, now);
+        self.set_gauges(
+            set,
+            i64::from(planned.max_unavailable),
+            i64::from(planned.unavailable),
+        );
+        let acted = self.execute(key, set, &revs, &planned).await;
+        // ST-41/42: the status from the pods as cached (new pods count once the watch shows
+        // them), written also when the actions failed.
+        let status = status::compute(
+            &status::Inputs {
+                set: &set_view,
+                generation: set.metadata.generation,
+                old: &set.status(),
+                collision_count: revs.collision_count,
+                now,
+            },
+            &views,
+        );
+        if status::needs_write(&set.status(), &status) {
+            let after = act::write_status(&self.writer, set, &status)
+                .await
+                .map_err(api("updating the status"))?;
+            self.wrote(
+                key,
+                "statefulsets",
+                after.metadata.resource_version.as_deref(),
+            );
+        }
+        acted?;
+        self.truncate_history(set, &pods, &revs).await?;
+        Ok(match planned.requeue_after {
+            Some(d) => Next::After(d),
+            None => Next::Done,
+        })
+    }
+}
+
+impl StatefulSets {
+    fn set_view(&self, set: &StatefulSet, revs: &Revs) -> SetView {
+        let spec = set.spec();
+        let strategy = match spec.update_strategy.as_ref() {
+            Some(u) if u.type_.as_deref() == Some("OnDelete") => Strategy::OnDelete,
+            Some(u) => match &u.rolling_update {
+                Some(r) => Strategy::RollingUpdate {
+                    partition: r.partition.unwrap_or(0),
+                    max_unavailable: r.max_unavailable.clone(),
+                },
+                None => Strategy::RollingUpdateBare,
+            },
+            None => Strategy::RollingUpdateBare,
+        };
+        let start = set.start_ordinal();
+        let stale_claims = (0..set.replicas().max(0))
+            .filter_map(|i| start.checked_add(i))
+            .filter(|ord| {
+                !set.claim_template_names().is_empty() && self.slot_claim_stale(set, *ord)
+            })
+            .collect();
+        SetView {
+            replicas: set.replicas(),
+            start,
+            management: if spec.pod_management_policy.as_deref() == Some("Parallel") {
+                Management::Parallel
+            } else {
+                Management::OrderedReady
+            },
+            strategy,
+            min_ready_seconds: spec.min_ready_seconds.unwrap_or(0),
+            deleting: set.metadata.deletion_timestamp.is_some(),
+            current_revision: revs.current.clone(),
+            update_revision: revs.update.clone(),
+            status_current_replicas: set.status().current_replicas.unwrap_or(0),
+            stale_claims,
+        }
+    }
+
+    fn pod_view(&self, set: &StatefulSet, pod: &Pod) -> PodView {
+        let o = self.observe_pod(set, pod);
+        PodView {
+            name: pod_name(pod).to_string(),
+            ordinal: identity::ordinal(pod_name(pod)),
+            revision: o.revision,
+            phase: o.phase,
+            ready: o.ready,
+            ready_since: o.ready_since,
+            terminating: o.terminating,
+            identity_ok: o.identity_ok,
+            claim_refs_ok: o.claim_refs_ok,
+        }
+    }
+
+    /// Performs the plan's phases in order; an error stops the phases after it. Concurrent
+    /// phases run in slow-start batches of 1, 2, 4, ... up to 500 (ST-21).
+    async fn execute(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        revs: &Revs,
+        planned: &plan::Plan,
+    ) -> Result<(), Error> {
+        if let Some(e) = &planned.invalid {
+            self.events.warning(
+                &shared::refs::object_reference(set),
+                "InvalidMaxUnavailable",
+                "Update",
+                e.clone(),
+            );
+        }
+        for phase in &planned.phases {
+            if phase.concurrent {
+                let mut rest = phase.actions.as_slice();
+                let mut batch = 1usize;
+                while !rest.is_empty() {
+                    let n = batch.min(rest.len());
+                    let (now, later) = rest.split_at(n);
+                    let results = futures::future::join_all(
+                        now.iter().map(|a| self.perform(key, set, revs, a)),
+                    )
+                    .await;
+                    let mut errors = results.into_iter().filter_map(Result::err);
+                    if let Some(first) = errors.next() {
+                        let more = errors.count();
+                        return Err(if more == 0 {
+                            first
+                        } else {
+                            Error::Many {
+                                first: Box::new(first),
+                                more,
+                            }
+                        });
+                    }
+                    rest = later;
+                    batch = (batch * 2).min(MAX_BATCH);
+                }
+            } else {
+                for a in &phase.actions {
+                    self.perform(key, set, revs, a).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn perform(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        revs: &Revs,
+        action: &Action,
+    ) -> Result<(), Error> {
+        match action {
+            Action::CreatePod { ordinal, which } => {
+                let (template, revision) = match which {
+                    Which::Current => (&revs.current_template, revs.current.as_str()),
+                    Which::Update => (&revs.update_template, revs.update.as_str()),
+                };
+                self.create_pod(key, set, *ordinal, template, revision)
+                    .await
+            }
+            Action::CreateMissingClaims { ordinal } => {
+                self.create_claims(key, set, *ordinal).await?;
+                let name = identity::pod_name(set.name(), *ordinal);
+                let uid = self
+                    .c
+                    .pods
+                    .get(&format!("{}/{name}", set.namespace()))
+                    .and_then(|p| p.metadata.uid.clone())
+                    .unwrap_or_default();
+                self.fix_claim_refs(key, set, &name, &uid).await
+            }
+            Action::Repair { name } => {
+                let pod = self.c.pods.get(&format!("{}/{name}", set.namespace()));
+                let identity_ok = pod.as_ref().is_some_and(|p| {
+                    identity::identity_matches(set, p) && identity::storage_matches(set, p)
+                });
+                if !identity_ok {
+                    self.repair_pod(key, set, name).await?;
+                }
+                let uid = pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
+                self.fix_claim_refs(key, set, name, &uid).await
+            }
+            Action::FixClaimRefs { name } => {
+                let uid = self
+                    .c
+                    .pods
+                    .get(&format!("{}/{name}", set.namespace()))
+                    .and_then(|p| p.metadata.uid.clone())
+                    .unwrap_or_default();
+                self.fix_claim_refs(key, set, name, &uid).await
+            }
+            Action::DeletePod { name, .. } => self.delete_pod(key, set, name).await,
+        }
+    }
+}
+
+/// Upstream's `MaxBatchSize` for Parallel's slow-start batches.
+const MAX_BATCH: usize = 500;

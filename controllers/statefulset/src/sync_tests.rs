@@ -1,0 +1,191 @@
+//! Sync tests: the whole controller (its real `init`, handlers, queue and syncs) against the test
+//! kit's caches and recording writer, on tokio's paused clock. Writes reach the caches only when
+//! a test lets the watch catch up (`Kit::observe`).
+
+use crate::model::StatefulSet;
+use crate::{DECLARATION, StatefulSetOptions, init};
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use serde_json::{Value, json};
+use shared::pod::Pod;
+use shared::testkit::{Kit, Running, eventually};
+use shared::writer::Call;
+use std::time::Duration;
+
+fn set(replicas: i32, policy: &str) -> StatefulSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "web", "namespace": "ns", "uid": "uid-web", "resourceVersion": "1", "generation": 1},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": "web",
+            "podManagementPolicy": policy,
+            "selector": {"matchLabels": {"app": "web"}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+            "revisionHistoryLimit": 10,
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "nginx:1", "resources": {}}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+fn start(kit: &Kit, sets: Vec<StatefulSet>, pods: Vec<Pod>) -> Running {
+    let ctl = init(
+        StatefulSetOptions {
+            concurrent_statefulset_syncs: 5,
+        },
+        kit.setup(DECLARATION.name, DECLARATION.event_source),
+    )
+    .unwrap();
+    kit.seed(sets);
+    kit.seed(pods);
+    kit.seed(Vec::<ControllerRevision>::new());
+    kit.seed(Vec::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::new());
+    kit.start(ctl)
+}
+
+fn creates(kit: &Kit, plural: &str) -> Vec<Value> {
+    kit.api
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Create(t, v) if t.plural == plural => Some(v),
+            Call::CreateRaw(t, b) if t.plural == plural => serde_json::from_slice(&b).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+fn pod_names(kit: &Kit) -> Vec<String> {
+    creates(kit, "pods")
+        .iter()
+        .map(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+fn status_writes(kit: &Kit) -> Vec<Value> {
+    kit.api
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Replace(t, v)
+                if t.plural == "statefulsets" && t.subresource.as_deref() == Some("status") =>
+            {
+                Some(v["status"].clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// ST-11, ST-14 (d), ST-20, ST-40: a new OrderedReady set gets its first revision, then web-0
+/// only, labelled with that revision; the status names it as both revisions.
+#[tokio::test(start_paused = true)]
+async fn st20_a_new_ordered_set_creates_its_revision_then_web_0_only() {
+    let kit = Kit::new();
+    let running = start(&kit, vec![set(3, "OrderedReady")], vec![]);
+    assert!(eventually(Duration::from_secs(1), || !status_writes(&kit).is_empty()).await);
+    let revs = creates(&kit, "controllerrevisions");
+    assert_eq!(revs.len(), 1, "{revs:?}");
+    let rev_name = revs[0]["metadata"]["name"].as_str().unwrap().to_string();
+    assert!(rev_name.starts_with("web-"), "{rev_name}");
+    assert_eq!(pod_names(&kit), ["web-0"]);
+    let pod = &creates(&kit, "pods")[0];
+    assert_eq!(
+        pod["metadata"]["labels"]["controller-revision-hash"],
+        rev_name.as_str()
+    );
+    assert_eq!(
+        pod["metadata"]["labels"]["apps.kubernetes.io/pod-index"],
+        "0"
+    );
+    let status = status_writes(&kit).pop().unwrap();
+    assert_eq!(status["updateRevision"], rev_name.as_str());
+    assert_eq!(status["currentRevision"], rev_name.as_str());
+    assert_eq!(status["collisionCount"], 0);
+    assert_eq!(status["observedGeneration"], 1);
+    // Events as upstream's (§1.6; the verb title-cased, as 1.37 prints it).
+    assert!(
+        kit.api
+            .events()
+            .iter()
+            .any(|(_, reason, msg)| reason == "SuccessfulCreate"
+                && msg == "Create Pod web-0 in StatefulSet web successful"),
+        "{:?}",
+        kit.api.events()
+    );
+    running.stop().await;
+}
+
+/// ST-21: Parallel creates every pod in one sync.
+#[tokio::test(start_paused = true)]
+async fn st21_parallel_creates_every_pod_at_once() {
+    let kit = Kit::new();
+    let running = start(&kit, vec![set(4, "Parallel")], vec![]);
+    assert!(eventually(Duration::from_secs(1), || pod_names(&kit).len() == 4).await);
+    let mut names = pod_names(&kit);
+    names.sort();
+    assert_eq!(names, ["web-0", "web-1", "web-2", "web-3"]);
+    running.stop().await;
+}
+
+/// ST-44, B-8: until the watch shows this set's own writes (its new revision and pods), another
+/// sync writes nothing: no second revision, no duplicate pod.
+#[tokio::test(start_paused = true)]
+async fn st44_a_sync_waits_for_the_caches_to_show_its_own_writes() {
+    let kit = Kit::new();
+    let s = set(2, "Parallel");
+    let running = start(&kit, vec![s.clone()], vec![]);
+    assert!(eventually(Duration::from_secs(1), || pod_names(&kit).len() == 2).await);
+    let writes = kit.api.writes().len();
+    // The set changes (a label), the watch has not delivered the pods or the revision yet.
+    let mut touched = s.clone();
+    touched.metadata.resource_version = Some("2".into());
+    touched.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+    kit.apply(touched);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(kit.api.writes().len(), writes, "{:?}", kit.api.writes());
+    assert_eq!(creates(&kit, "controllerrevisions").len(), 1);
+    assert!(
+        kit.metrics
+            .encode()
+            .contains("statefulset_controller_stale_sync_skips_total{group=\"apps\",resource=\"controllerrevisions\"}"),
+        "{}",
+        kit.metrics.encode()
+    );
+    running.stop().await;
+}
+
+/// Bad input: a selector the API would not produce gets a Warning naming the field, no writes.
+#[tokio::test(start_paused = true)]
+async fn an_invalid_selector_is_a_warning_naming_the_field() {
+    let kit = Kit::new();
+    let mut s = set(2, "Parallel");
+    s.spec.as_mut().unwrap().selector = serde_json::from_value(json!({
+        "matchExpressions": [{"key": "app", "operator": "Within", "values": ["web"]}]
+    }))
+    .unwrap();
+    let running = start(&kit, vec![s], vec![]);
+    assert!(
+        eventually(Duration::from_secs(1), || kit.api.events().iter().any(
+            |(_, reason, msg)| reason == "InvalidSelector" && msg.contains("spec.selector")
+        ))
+        .await,
+        "{:?}",
+        kit.api.events()
+    );
+    assert!(
+        kit.api
+            .writes()
+            .iter()
+            .all(|c| c.target().plural == "events")
+    );
+    running.stop().await;
+}
