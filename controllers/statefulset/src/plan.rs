@@ -201,6 +201,9 @@ pub fn which_revision(set: &SetView, ordinal: i32) -> Which {
     }
 }
 
+/// Missing pods planned per sync (upstream plans them all; see [`plan`]).
+pub const MAX_MISSING: usize = 10_000;
+
 /// The plan of one sync.
 pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
     let min_ready = set.min_ready_seconds;
@@ -219,16 +222,36 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
     }
     // Descending ordinal (ST-22).
     condemned.sort_by_key(|p| std::cmp::Reverse(p.ordinal));
-    let slots: Vec<Slot<'_>> = (0..replicas)
-        .filter_map(|i| start.checked_add(i))
-        .map(|ord| match by_ordinal.get(&ord) {
-            Some(p) => Slot::Pod(p),
-            None => Slot::Missing {
-                ordinal: ord,
-                which: which_revision(set, ord),
-            },
-        })
-        .collect();
+    // Slots in ordinal order. Missing ones beyond MAX_MISSING are not materialised (a set of
+    // two billion replicas must not allocate them): they are created by later syncs, and count
+    // as unavailable through `beyond`.
+    let mut slots: Vec<Slot<'_>> = Vec::new();
+    let mut missing = 0usize;
+    let mut beyond = 0i64;
+    for i in 0..replicas {
+        let Some(ord) = start.checked_add(i) else {
+            break;
+        };
+        match by_ordinal.get(&ord) {
+            Some(p) => slots.push(Slot::Pod(p)),
+            None if missing < MAX_MISSING => {
+                missing += 1;
+                slots.push(Slot::Missing {
+                    ordinal: ord,
+                    which: which_revision(set, ord),
+                });
+            }
+            None => {
+                if by_ordinal.range(ord..).next().is_none() {
+                    // Only missing slots are left: count them without visiting them.
+                    let fitting = (i64::from(i32::MAX) - i64::from(ord) + 1).max(0);
+                    beyond += fitting.min(i64::from(replicas - i));
+                    break;
+                }
+                beyond += 1;
+            }
+        }
+    }
     // ST-18: the first unavailable slot, else the lowest-ordinal unavailable condemned pod.
     let first_unavailable: Option<&str> = slots
         .iter()
@@ -259,7 +282,10 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
     out.unavailable = slots
         .iter()
         .filter(|s| s.unavailable(min_ready, now))
-        .count() as i32;
+        .count()
+        .try_into()
+        .unwrap_or(i32::MAX)
+        .saturating_add(i32::try_from(beyond).unwrap_or(i32::MAX));
     // ST-5: a deleting set gets status only.
     if set.deleting {
         return out;
@@ -343,7 +369,7 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
     match m {
         Err(e) => out.invalid = Some(e),
         Ok(m) => {
-            let deletes = update_step(set, &slots, m, now);
+            let deletes = update_step(set, &slots, beyond, m, now);
             if !deletes.is_empty() {
                 out.phases.push(Phase {
                     actions: deletes,
@@ -413,7 +439,13 @@ fn process_replica(
 
 /// ST-25..ST-29 (upstream `updateStatefulSetAfterInvariantEstablished`, 1.37 with #137666),
 /// for every set (B-1): the pods deleted for the update, highest index first.
-fn update_step(set: &SetView, slots: &[Slot<'_>], m: i32, now: Timestamp) -> Vec<Action> {
+fn update_step(
+    set: &SetView,
+    slots: &[Slot<'_>],
+    beyond: i64,
+    m: i32,
+    now: Timestamp,
+) -> Vec<Action> {
     let min_ready = set.min_ready_seconds;
     let partition = match &set.strategy {
         Strategy::RollingUpdate { partition, .. } => (*partition).max(0),
@@ -434,7 +466,8 @@ fn update_step(set: &SetView, slots: &[Slot<'_>], m: i32, now: Timestamp) -> Vec
     let unavailable = slots
         .iter()
         .filter(|s| s.unavailable(min_ready, now))
-        .count() as i64;
+        .count() as i64
+        + beyond;
     let parallel = set.management == Management::Parallel;
     let needing_update = slots
         .iter()
@@ -517,4 +550,248 @@ fn requeue(pods: &[PodView], min_ready: i32, now: Timestamp) -> Option<Duration>
         .min()
         .or(Some(Duration::from_secs(min_ready.unsigned_abs().into()))
             .filter(|_| pods.iter().any(|p| p.ready && !p.available(min_ready, now))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:10:00Z".parse().unwrap()
+    }
+
+    fn set(replicas: i32, management: Management, strategy: Strategy) -> SetView {
+        SetView {
+            replicas,
+            start: 0,
+            management,
+            strategy,
+            min_ready_seconds: 0,
+            deleting: false,
+            current_revision: "old".into(),
+            update_revision: "new".into(),
+            status_current_replicas: 0,
+            stale_claims: vec![],
+        }
+    }
+
+    fn rolling(partition: i32, m: Option<IntOrString>) -> Strategy {
+        Strategy::RollingUpdate {
+            partition,
+            max_unavailable: m,
+        }
+    }
+
+    /// A running pod: `ready` and at revision `rev`.
+    fn pod(ordinal: i32, rev: &str, ready: bool) -> PodView {
+        PodView {
+            name: format!("web-{ordinal}"),
+            ordinal,
+            revision: rev.into(),
+            phase: Some("Running".into()),
+            ready,
+            ready_since: ready.then(|| "2026-01-01T00:00:00Z".parse().unwrap()),
+            terminating: false,
+            identity_ok: true,
+            claim_refs_ok: true,
+        }
+    }
+
+    fn actions(p: &Plan) -> Vec<Action> {
+        p.phases.iter().flat_map(|ph| ph.actions.clone()).collect()
+    }
+
+    fn deleted(p: &Plan) -> Vec<String> {
+        actions(p)
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::DeletePod { name, .. } => Some(name),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn created(p: &Plan) -> Vec<i32> {
+        actions(p)
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::CreatePod { ordinal, .. } => Some(ordinal),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn st20_ordered_ready_creates_one_pod_after_the_ready_ones() {
+        let s = set(3, Management::OrderedReady, rolling(0, None));
+        assert_eq!(created(&plan(&s, &[], now())), [0]);
+        assert_eq!(created(&plan(&s, &[pod(0, "new", true)], now())), [1]);
+        // web-0 not Ready: nothing more.
+        let p = plan(&s, &[pod(0, "new", false)], now());
+        assert!(actions(&p).is_empty());
+        assert!(p.blocked.is_some());
+    }
+
+    #[test]
+    fn st21_parallel_creates_every_missing_pod() {
+        let s = set(3, Management::Parallel, rolling(0, None));
+        assert_eq!(created(&plan(&s, &[pod(1, "new", false)], now())), [0, 2]);
+    }
+
+    #[test]
+    fn st22_ordered_scale_down_one_at_a_time_highest_first() {
+        let s = set(1, Management::OrderedReady, rolling(0, None));
+        let pods = [
+            pod(0, "new", true),
+            pod(1, "new", true),
+            pod(2, "new", true),
+        ];
+        assert_eq!(deleted(&plan(&s, &pods, now())), ["web-2"]);
+        let mut going = pods.clone();
+        going[2].terminating = true;
+        assert!(deleted(&plan(&s, &going, now())).is_empty());
+    }
+
+    #[test]
+    fn b4_parallel_scales_down_before_creating() {
+        let s = set(2, Management::Parallel, rolling(0, None));
+        let pods = [
+            pod(1, "new", false),
+            pod(2, "new", true),
+            pod(3, "new", true),
+        ];
+        let p = plan(&s, &pods, now());
+        let a = actions(&p);
+        let first_create = a
+            .iter()
+            .position(|a| matches!(a, Action::CreatePod { .. }))
+            .unwrap();
+        let last_delete = a
+            .iter()
+            .rposition(|a| matches!(a, Action::DeletePod { .. }))
+            .unwrap();
+        assert!(last_delete < first_create, "{a:?}");
+        assert_eq!(deleted(&p), ["web-3", "web-2"]);
+    }
+
+    #[test]
+    fn st27_ordered_ready_deletes_up_to_max_unavailable_from_the_top() {
+        let pods: Vec<_> = (0..5).map(|i| pod(i, "old", true)).collect();
+        let s = set(
+            5,
+            Management::OrderedReady,
+            rolling(0, Some(IntOrString::Int(2))),
+        );
+        assert_eq!(deleted(&plan(&s, &pods, now())), ["web-4", "web-3"]);
+        let s = set(5, Management::OrderedReady, rolling(0, None));
+        assert_eq!(deleted(&plan(&s, &pods, now())), ["web-4"]);
+        // Partition 4 protects web-0..web-3.
+        let s = set(
+            5,
+            Management::OrderedReady,
+            rolling(4, Some(IntOrString::Int(3))),
+        );
+        assert_eq!(deleted(&plan(&s, &pods, now())), ["web-4"]);
+    }
+
+    #[test]
+    fn st28_parallel_replaces_broken_old_pods_regardless_of_the_budget() {
+        // #137409: old pods that never became available do not block a fixed template.
+        let s = set(3, Management::Parallel, rolling(0, None));
+        let pods: Vec<_> = (0..3).map(|i| pod(i, "old", false)).collect();
+        assert_eq!(
+            deleted(&plan(&s, &pods, now())),
+            ["web-2", "web-1", "web-0"]
+        );
+        // Available old pods go only within what the budget leaves.
+        let mut mixed: Vec<_> = (0..4).map(|i| pod(i, "old", true)).collect();
+        mixed[1].ready = false;
+        let s = set(
+            4,
+            Management::Parallel,
+            rolling(0, Some(IntOrString::Int(2))),
+        );
+        assert_eq!(deleted(&plan(&s, &mixed, now())), ["web-1", "web-3"]);
+    }
+
+    #[test]
+    fn st29_unavailable_new_pods_consume_the_budget() {
+        let s = set(
+            5,
+            Management::Parallel,
+            rolling(0, Some(IntOrString::Int(2))),
+        );
+        let mut pods: Vec<_> = (0..5).map(|i| pod(i, "old", true)).collect();
+        pods[4] = pod(4, "new", false);
+        pods[3] = pod(3, "new", false);
+        assert!(deleted(&plan(&s, &pods, now())).is_empty());
+    }
+
+    #[test]
+    fn st25_max_unavailable_values() {
+        let p = |s: &str| IntOrString::String(s.into());
+        assert_eq!(max_unavailable(None, 10), Ok(1));
+        assert_eq!(max_unavailable(Some(&IntOrString::Int(0)), 10), Ok(1));
+        assert_eq!(max_unavailable(Some(&IntOrString::Int(7)), 3), Ok(7));
+        assert_eq!(max_unavailable(Some(&p("50%")), 6), Ok(3));
+        assert_eq!(max_unavailable(Some(&p("50%")), 5), Ok(2));
+        assert_eq!(max_unavailable(Some(&p("1%")), 5), Ok(1));
+        assert_eq!(max_unavailable(Some(&p("1000%")), i32::MAX), Ok(i32::MAX));
+        assert!(max_unavailable(Some(&p("x")), 5).is_err());
+    }
+
+    #[test]
+    fn st9_new_pods_below_the_partition_get_the_current_revision() {
+        let s = set(5, Management::Parallel, rolling(3, None));
+        assert_eq!(which_revision(&s, 2), Which::Current);
+        assert_eq!(which_revision(&s, 3), Which::Update);
+        let s = set(5, Management::Parallel, Strategy::OnDelete);
+        assert_eq!(which_revision(&s, 0), Which::Update);
+    }
+
+    #[test]
+    fn st31_on_delete_never_deletes_for_an_update() {
+        let s = set(3, Management::Parallel, Strategy::OnDelete);
+        let pods: Vec<_> = (0..3).map(|i| pod(i, "old", true)).collect();
+        assert!(deleted(&plan(&s, &pods, now())).is_empty());
+    }
+
+    #[test]
+    fn st38_terminal_pods_are_deleted_to_return() {
+        let s = set(2, Management::OrderedReady, rolling(0, None));
+        let mut failed = pod(0, "new", false);
+        failed.phase = Some("Failed".into());
+        assert_eq!(deleted(&plan(&s, &[failed], now())), ["web-0"]);
+    }
+
+    #[test]
+    fn st30_min_ready_seconds_gates_availability_and_requeues() {
+        let mut s = set(2, Management::OrderedReady, rolling(0, None));
+        s.min_ready_seconds = 1200;
+        let p = plan(&s, &[pod(0, "new", true)], now());
+        // Ready for 600 s of 1200: not available, nothing created, look again in ~600 s.
+        assert!(created(&p).is_empty());
+        let again = p.requeue_after.unwrap();
+        assert!(
+            again >= Duration::from_secs(600) && again < Duration::from_secs(601),
+            "{again:?}"
+        );
+    }
+
+    #[test]
+    fn extremes_do_not_panic() {
+        let mut s = set(
+            i32::MAX,
+            Management::Parallel,
+            rolling(i32::MAX, Some(IntOrString::String("100%".into()))),
+        );
+        s.start = i32::MAX;
+        s.min_ready_seconds = i32::MAX;
+        // Only ordinals that fit an int32 exist.
+        let p = plan(&s, &[pod(i32::MAX, "new", true)], now());
+        assert!(created(&p).is_empty());
+        let mut s = set(-5, Management::OrderedReady, rolling(-3, None));
+        s.start = -7;
+        let _ = plan(&s, &[pod(0, "old", true)], now());
+    }
 }

@@ -924,7 +924,11 @@ impl StatefulSets {
             None => Strategy::RollingUpdateBare,
         };
         let start = set.start_ordinal();
-        let stale_claims = (0..set.replicas().max(0))
+        // Only slots the plan may create are looked at (see plan::MAX_MISSING).
+        let looked_at = i32::try_from(plan::MAX_MISSING)
+            .unwrap_or(i32::MAX)
+            .saturating_add(i32::try_from(self.c.pods.len()).unwrap_or(i32::MAX));
+        let stale_claims = (0..set.replicas().clamp(0, looked_at))
             .filter_map(|i| start.checked_add(i))
             .filter(|ord| {
                 !set.claim_template_names().is_empty() && self.slot_claim_stale(set, *ord)
