@@ -44,7 +44,14 @@ pub struct SetView {
     pub status_current_replicas: i32,
     /// Ordinals whose claims are still owned by an earlier pod (ST-36).
     pub stale_claims: Vec<i32>,
+    /// B-6 opt-in ([`REPLACE_UNAVAILABLE_AFTER`]): during an OrderedReady rollout, an old pod
+    /// unavailable for this long is replaced instead of blocking. `None`: upstream's behaviour.
+    pub replace_unavailable_after: Option<Duration>,
 }
+
+/// B-6: the set annotation (a Go duration, e.g. `10m`) opting into replacing an old pod that
+/// stays unavailable during an OrderedReady rollout (upstream waits forever, #67250).
+pub const REPLACE_UNAVAILABLE_AFTER: &str = "pilothouse.io/replace-unavailable-after";
 
 #[derive(Clone, Debug)]
 pub struct PodView {
@@ -60,6 +67,9 @@ pub struct PodView {
     pub identity_ok: bool,
     /// ST-34: claim owner references as the policy wants them.
     pub claim_refs_ok: bool,
+    /// Since when the pod is not Ready (the Ready condition's lastTransitionTime when False,
+    /// else its creation): B-6.
+    pub unready_since: Option<Timestamp>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -268,7 +278,10 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
                 .map(|p| p.name.as_str())
         });
     let mut out = Plan {
-        requeue_after: requeue(pods, min_ready, now),
+        requeue_after: [requeue(pods, min_ready, now), overdue_at(set, pods, now)]
+            .into_iter()
+            .flatten()
+            .min(),
         ..Plan::default()
     };
     let m = match &set.strategy {
@@ -426,6 +439,14 @@ fn process_replica(
     if monotonic
         && (p.terminating || !p.running_and_ready() || !p.available(set.min_ready_seconds, now))
     {
+        // B-6 (opt-in): an old pod that has stayed unready past the set's limit is replaced
+        // (it returns at the update revision) instead of holding the rollout forever.
+        if !p.terminating && !p.ready && p.revision != set.update_revision && overdue(set, p, now) {
+            actions.push(Action::DeletePod {
+                name: p.name.clone(),
+                why: Why::Update,
+            });
+        }
         return (actions, true);
     }
     // (e) ST-10, ST-34.
@@ -435,6 +456,17 @@ fn process_replica(
         });
     }
     (actions, false)
+}
+
+/// B-6: whether `p` has been unready longer than the set's opt-in limit.
+fn overdue(set: &SetView, p: &PodView, now: Timestamp) -> bool {
+    let (Some(limit), Some(since)) = (set.replace_unavailable_after, p.unready_since) else {
+        return false;
+    };
+    let Ok(limit) = SignedDuration::try_from(limit) else {
+        return false;
+    };
+    since.checked_add(limit).is_ok_and(|at| at <= now)
 }
 
 /// ST-25..ST-29 (upstream `updateStatefulSetAfterInvariantEstablished`, 1.37 with #137666),
@@ -529,6 +561,21 @@ fn update_step(
     out
 }
 
+/// B-6: when the next old, unready pod becomes overdue.
+fn overdue_at(set: &SetView, pods: &[PodView], now: Timestamp) -> Option<Duration> {
+    let limit = SignedDuration::try_from(set.replace_unavailable_after?).ok()?;
+    pods.iter()
+        .filter(|p| !p.ready && !p.terminating && p.revision != set.update_revision)
+        .filter_map(|p| p.unready_since?.checked_add(limit).ok())
+        .filter(|at| *at > now)
+        .map(|at| {
+            at.duration_since(now)
+                .unsigned_abs()
+                .saturating_add(Duration::from_millis(1))
+        })
+        .min()
+}
+
 /// ST-2/ST-30: with minReadySeconds, when the next ready pod becomes available.
 fn requeue(pods: &[PodView], min_ready: i32, now: Timestamp) -> Option<Duration> {
     if min_ready <= 0 {
@@ -572,6 +619,7 @@ mod tests {
             update_revision: "new".into(),
             status_current_replicas: 0,
             stale_claims: vec![],
+            replace_unavailable_after: None,
         }
     }
 
@@ -594,6 +642,7 @@ mod tests {
             terminating: false,
             identity_ok: true,
             claim_refs_ok: true,
+            unready_since: (!ready).then(|| "2026-01-01T00:05:00Z".parse().unwrap()),
         }
     }
 
@@ -776,6 +825,36 @@ mod tests {
             again >= Duration::from_secs(600) && again < Duration::from_secs(601),
             "{again:?}"
         );
+    }
+
+    #[test]
+    fn b6_an_old_pod_unready_past_the_opt_in_limit_is_replaced() {
+        let mut s = set(3, Management::OrderedReady, rolling(0, None));
+        let pods = [
+            pod(0, "new", true),
+            pod(1, "old", false),
+            pod(2, "old", true),
+        ];
+        // Off by default: web-1 blocks the rollout (upstream, #67250).
+        let p = plan(&s, &pods, now());
+        assert!(deleted(&p).is_empty());
+        // Unready since 00:05, now 00:10: a 10 m limit waits 5 m more, a 5 m one replaces it.
+        s.replace_unavailable_after = Some(Duration::from_secs(600));
+        let p = plan(&s, &pods, now());
+        assert!(deleted(&p).is_empty());
+        let again = p.requeue_after.unwrap();
+        assert!(
+            again > Duration::from_secs(299) && again < Duration::from_secs(301),
+            "{again:?}"
+        );
+        s.replace_unavailable_after = Some(Duration::from_secs(300));
+        assert_eq!(deleted(&plan(&s, &pods, now())), ["web-1"]);
+        // A new-revision pod that is unready is never replaced by it.
+        let pods = [pod(0, "new", true), pod(1, "new", false)];
+        assert!(deleted(&plan(&s, &pods, now())).is_empty());
+        // A limit too long for any timestamp never fires.
+        s.replace_unavailable_after = Some(Duration::MAX);
+        assert!(deleted(&plan(&s, &[pod(0, "old", false)], now())).is_empty());
     }
 
     #[test]

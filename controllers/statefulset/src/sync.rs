@@ -764,6 +764,8 @@ pub(crate) struct Observed {
     pub identity_ok: bool,
     /// ST-34.
     pub claim_refs_ok: bool,
+    /// B-6.
+    pub unready_since: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 impl StatefulSets {
@@ -804,6 +806,14 @@ impl StatefulSets {
             claim_refs_ok: claims
                 .iter()
                 .all(|c| identity::claim_refs_up_to_date(c, &o)),
+            unready_since: if ready {
+                None
+            } else {
+                ready_cond
+                    .and_then(|c| c.last_transition_time.as_ref())
+                    .or(pod.metadata.creation_timestamp.as_ref())
+                    .map(|t| t.0)
+            },
         }
     }
 }
@@ -949,6 +959,31 @@ impl StatefulSets {
             update_revision: revs.update.clone(),
             status_current_replicas: set.status().current_replicas.unwrap_or(0),
             stale_claims,
+            replace_unavailable_after: self.replace_unavailable_after(set),
+        }
+    }
+
+    /// B-6: the opt-in annotation; an invalid value is a Warning naming it, and off.
+    fn replace_unavailable_after(&self, set: &StatefulSet) -> Option<Duration> {
+        let raw = set
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(plan::REPLACE_UNAVAILABLE_AFTER)?;
+        match shared::gocompat::parse_duration(raw) {
+            Ok(ns) if ns > 0 => Some(Duration::from_nanos(ns.unsigned_abs())),
+            Ok(_) | Err(_) => {
+                self.events.warning(
+                    &shared::refs::object_reference(set),
+                    "InvalidAnnotation",
+                    "Sync",
+                    format!(
+                        "metadata.annotations[{}]: {raw:?} is not a positive duration (e.g. \"10m\"); old pods are not replaced",
+                        plan::REPLACE_UNAVAILABLE_AFTER
+                    ),
+                );
+                None
+            }
         }
     }
 
@@ -964,6 +999,7 @@ impl StatefulSets {
             terminating: o.terminating,
             identity_ok: o.identity_ok,
             claim_refs_ok: o.claim_refs_ok,
+            unready_since: o.unready_since,
         }
     }
 

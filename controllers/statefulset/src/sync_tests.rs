@@ -189,3 +189,31 @@ async fn an_invalid_selector_is_a_warning_naming_the_field() {
     );
     running.stop().await;
 }
+
+/// B-6 bad input: an opt-in that is not a duration is a Warning naming the annotation; the set
+/// is still synced as upstream would.
+#[tokio::test(start_paused = true)]
+async fn b6_an_invalid_opt_in_is_a_warning_naming_the_annotation() {
+    let kit = Kit::new();
+    let mut s = set(1, "OrderedReady");
+    s.metadata.annotations = Some(
+        [(
+            crate::plan::REPLACE_UNAVAILABLE_AFTER.to_string(),
+            "forever".to_string(),
+        )]
+        .into(),
+    );
+    let running = start(&kit, vec![s], vec![]);
+    assert!(eventually(Duration::from_secs(1), || pod_names(&kit) == ["web-0"]).await);
+    assert!(
+        kit.api
+            .events()
+            .iter()
+            .any(|(t, reason, msg)| t == "Warning"
+                && reason == "InvalidAnnotation"
+                && msg.contains(crate::plan::REPLACE_UNAVAILABLE_AFTER)),
+        "{:?}",
+        kit.api.events()
+    );
+    running.stop().await;
+}
