@@ -527,12 +527,93 @@ async fn s12_adoption() -> Result<()> {
     Ok(())
 }
 
+/// A template change that leaves pods unschedulable (a node selector no node has): they stay
+/// Pending and never turn Ready, as a broken image would.
+fn broken() -> Value {
+    json!({"template": {"spec": {"nodeSelector": {"pilothouse.test/no-such-node": "true"}}}})
+}
+
+fn fixed() -> Value {
+    json!({"template": {"spec": {"nodeSelector": null, "containers": [{"name": "c", "image": "nginx:3"}]}}})
+}
+
+/// S6 (#137409, B-1): a Parallel set whose first template never turns Ready is rolled forward
+/// unaided once the template is fixed (maxUnavailable unset), for 1 and 3 replicas.
+async fn s6_broken_first_template_is_replaced() -> Result<()> {
+    let n = ns("s6").await?;
+    for (name, replicas) in [("one", 1), ("three", 3)] {
+        let mut s = set(name, replicas, json!({"podManagementPolicy": "Parallel"}))?;
+        let mut spec = serde_json::to_value(&s.spec)?;
+        merge(&mut spec, &broken());
+        s.spec = serde_json::from_value(spec)?;
+        n.create(&s).await?;
+        n.until_status(name, "pods created", 30, |s| {
+            s["replicas"].as_i64() == Some(i64::from(replicas))
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        ensure!(
+            n.status(name).await?["readyReplicas"].as_i64().unwrap_or(0) == 0,
+            "the broken template ran"
+        );
+        n.patch_spec(name, fixed()).await?;
+        n.until_status(name, "rolled forward", 60, all_ready(i64::from(replicas)))
+            .await?;
+    }
+    Ok(())
+}
+
+/// S7: Parallel, 5 replicas, maxUnavailable 2, a broken template: 2 pods are replaced, then the
+/// rollout stops; fixing the template resumes it.
+async fn s7_bad_template_stops_after_the_budget() -> Result<()> {
+    let n = ns("s7").await?;
+    n.create(&set(
+        "web",
+        5,
+        json!({"podManagementPolicy": "Parallel",
+               "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}}),
+    )?)
+    .await?;
+    let first = n.until_status("web", "5 ready", 60, all_ready(5)).await?;
+    let old = first["updateRevision"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    n.patch_spec("web", broken()).await?;
+    let s = n
+        .until_status("web", "2 replaced", 60, |s| {
+            s["updateRevision"] != old.as_str() && s["updatedReplicas"].as_i64() == Some(2)
+        })
+        .await?;
+    let new = s["updateRevision"].as_str().unwrap_or_default().to_string();
+    // Stays there: 3 old pods keep running.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let pods = n.pods_of("web").await?;
+    let at_new = pods.iter().filter(|p| p.1 == new).count();
+    let old_live = pods.iter().filter(|p| p.1 == old && !p.2).count();
+    ensure!(at_new == 2 && old_live == 3, "{pods:?}");
+    n.patch_spec("web", fixed()).await?;
+    n.until_status("web", "resumed and complete", 90, |s| {
+        all_ready(5)(s) && s["updateRevision"] != new.as_str()
+    })
+    .await?;
+    Ok(())
+}
+
 fn main() -> ! {
     let trials = vec![
         trial("s1_ordered", s1_ordered),
         trial("s2_parallel", s2_parallel),
         trial("s3_partition_and_rollback", s3_partition_and_rollback),
         trial("s4_ordered_budget", s4_ordered_budget),
+        trial(
+            "s6_broken_first_template_is_replaced",
+            s6_broken_first_template_is_replaced,
+        ),
+        trial(
+            "s7_bad_template_stops_after_the_budget",
+            s7_bad_template_stops_after_the_budget,
+        ),
         trial("s8_on_delete", s8_on_delete),
         trial("s12_adoption", s12_adoption),
     ];
