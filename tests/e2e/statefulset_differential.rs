@@ -1,0 +1,367 @@
+//! The StatefulSet differential run (spec §6 *Diff* scenarios S1, S3, S8, S9): the same
+//! manifests and steps on two fresh control planes at once — one with upstream
+//! kube-controller-manager running all its controllers (`tests/cluster/up --reference`), one
+//! whose StatefulSet controller is Pilothouse's. At each checkpoint the pods (names, labels,
+//! owner references, hostname, subdomain), the ControllerRevisions (names, numbers, labels) and
+//! the status (every counter, both revisions, collisionCount, observedGeneration) must be equal;
+//! the event reasons on each set too. A difference passes only through [`allowed`], keyed by a
+//! spec B-rule.
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use libtest_mimic::Arguments;
+use pilothouse_tests::Pilothouse;
+use pilothouse_tests::cluster::{Cluster, ClusterOptions};
+use pilothouse_tests::harness::trial;
+use pilothouse_tests::{k8s, unique, wait};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+const NS: &str = "sts-diff";
+
+fn set(name: &str, replicas: i32, extra: Value) -> Value {
+    let mut v = json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "annotations": {"team": "a<b>&c"}},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "tier": "web"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{"name": "c", "image": "nginx:1"}]
+                }
+            }
+        }
+    });
+    if let (Some(spec), Some(extra)) = (v["spec"].as_object_mut(), extra.as_object()) {
+        for (k, x) in extra {
+            spec.insert(k.clone(), x.clone());
+        }
+    }
+    v
+}
+
+/// What one control plane shows of one set at a checkpoint.
+#[derive(Debug, PartialEq, Eq, Clone)]
+struct Snapshot {
+    pods: Vec<String>,
+    revisions: Vec<String>,
+    status: String,
+}
+
+async fn snapshot(client: &Client, name: &str) -> Result<Snapshot> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let revs: Api<ControllerRevision> = Api::namespaced(client.clone(), NS);
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let lp = ListParams::default().labels(&format!("app={name}"));
+    let mut p: Vec<String> = pods
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let refs: Vec<String> = p
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .map(|r| {
+                    format!(
+                        "{}/{}/{}/{:?}/{:?}",
+                        r.api_version, r.kind, r.name, r.controller, r.block_owner_deletion
+                    )
+                })
+                .collect();
+            let spec = p.spec.clone().unwrap_or_default();
+            // The zone label is the scheduler's placement (kwok copies the node's), not ours.
+            let mut labels = p.metadata.labels.clone().unwrap_or_default();
+            labels.remove("topology.kubernetes.io/zone");
+            format!(
+                "{} labels={:?} refs={refs:?} hostname={:?} subdomain={:?} generateName={:?}",
+                p.metadata.name.clone().unwrap_or_default(),
+                labels,
+                spec.hostname,
+                spec.subdomain,
+                p.metadata.generate_name,
+            )
+        })
+        .collect();
+    p.sort();
+    let mut r: Vec<String> = revs
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .map(|r| {
+            format!(
+                "{} revision={:?} labels={:?} annotations={:?} data={}",
+                r.metadata.name.clone().unwrap_or_default(),
+                r.revision,
+                r.metadata.labels.clone().unwrap_or_default(),
+                r.metadata.annotations.clone().unwrap_or_default(),
+                serde_json::to_string(&r.data).unwrap_or_default()
+            )
+        })
+        .collect();
+    r.sort();
+    let s = serde_json::to_value(sets.get(name).await?.status)?;
+    let status = format!(
+        "replicas={} ready={} available={} current={} updated={} currentRevision={} updateRevision={} collisionCount={} observedGeneration={}",
+        s["replicas"],
+        s["readyReplicas"],
+        s["availableReplicas"],
+        s["currentReplicas"],
+        s["updatedReplicas"],
+        s["currentRevision"],
+        s["updateRevision"],
+        s["collisionCount"],
+        s["observedGeneration"]
+    );
+    Ok(Snapshot {
+        pods: p,
+        revisions: r,
+        status,
+    })
+}
+
+async fn reasons(client: &Client, name: &str) -> Result<BTreeSet<String>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    Ok(events
+        .list(&ListParams::default().fields(&format!("regarding.name={name}")))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect())
+}
+
+async fn until(client: &Client, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Result<()> {
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    wait::until(
+        what,
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || async {
+            let s = serde_json::to_value(sets.get(name).await?.status)?;
+            Ok(ok(&s).then_some(()))
+        },
+    )
+    .await
+    .with_context(|| format!("{name}: {what}"))
+}
+
+fn complete(want: i64) -> impl Fn(&Value) -> bool {
+    move |s| {
+        s["readyReplicas"].as_i64() == Some(want)
+            && s["updatedReplicas"].as_i64() == Some(want)
+            && s["currentRevision"] == s["updateRevision"]
+    }
+}
+
+async fn patch(client: &Client, name: &str, spec: Value) -> Result<()> {
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    sets.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": spec})),
+    )
+    .await?;
+    Ok(())
+}
+
+fn image(tag: &str) -> Value {
+    json!({"template": {"spec": {"containers": [{"name": "c", "image": format!("nginx:{tag}")}]}}})
+}
+
+/// The scenario steps on one control plane; a snapshot per checkpoint.
+async fn run(client: Client) -> Result<Vec<(String, Snapshot)>> {
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+    )
+    .await?;
+    k8s::wait_service_account(&client, NS).await?;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let mut out = Vec::new();
+    // S1: OrderedReady 3.
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(set("ordered", 3, json!({})))?,
+    )
+    .await?;
+    // S3: partition 3 of 5, then 0, then a rollback.
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(set(
+            "part",
+            5,
+            json!({"podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 3}}}),
+        ))?,
+    )
+    .await?;
+    // S8: OnDelete.
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(set(
+            "ondelete",
+            3,
+            json!({"updateStrategy": {"type": "OnDelete"}}),
+        ))?,
+    )
+    .await?;
+    // S9: history limit 2 over several rollouts.
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(set(
+            "history",
+            2,
+            json!({"podManagementPolicy": "Parallel", "revisionHistoryLimit": 2}),
+        ))?,
+    )
+    .await?;
+    until(&client, "ordered", "3 ready", complete(3)).await?;
+    until(&client, "part", "5 ready", complete(5)).await?;
+    until(&client, "ondelete", "3 ready", complete(3)).await?;
+    until(&client, "history", "2 ready", complete(2)).await?;
+    for name in ["ordered", "part", "ondelete", "history"] {
+        out.push((format!("{name} created"), snapshot(&client, name).await?));
+    }
+    // S3 steps.
+    patch(&client, "part", image("2")).await?;
+    until(&client, "part", "2 updated", |s| {
+        s["updatedReplicas"].as_i64() == Some(2) && s["readyReplicas"].as_i64() == Some(5)
+    })
+    .await?;
+    out.push(("part partitioned".into(), snapshot(&client, "part").await?));
+    patch(
+        &client,
+        "part",
+        json!({"updateStrategy": {"rollingUpdate": {"partition": 0}}}),
+    )
+    .await?;
+    until(&client, "part", "rolled out", |s| {
+        complete(5)(s) && s["observedGeneration"].as_i64() == Some(3)
+    })
+    .await?;
+    out.push(("part rolled out".into(), snapshot(&client, "part").await?));
+    patch(&client, "part", image("1")).await?;
+    until(&client, "part", "rolled back", |s| {
+        complete(5)(s) && s["observedGeneration"].as_i64() == Some(4)
+    })
+    .await?;
+    out.push(("part rolled back".into(), snapshot(&client, "part").await?));
+    // S8 steps.
+    patch(&client, "ondelete", image("2")).await?;
+    until(&client, "ondelete", "new revision", |s| {
+        s["updateRevision"] != s["currentRevision"]
+    })
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.delete("ondelete-2", &DeleteParams::default()).await?;
+    until(&client, "ondelete", "ondelete-2 back updated", |s| {
+        s["updatedReplicas"].as_i64() == Some(1) && s["readyReplicas"].as_i64() == Some(3)
+    })
+    .await?;
+    out.push((
+        "ondelete one replaced".into(),
+        snapshot(&client, "ondelete").await?,
+    ));
+    // S9 steps: five rollouts.
+    for (i, tag) in ["2", "3", "4", "5", "6"].iter().enumerate() {
+        patch(&client, "history", image(tag)).await?;
+        let generation = 2 + i as i64;
+        until(&client, "history", "rolled out", move |s| {
+            complete(2)(s) && s["observedGeneration"].as_i64() == Some(generation)
+        })
+        .await?;
+    }
+    out.push((
+        "history after 5 rollouts".into(),
+        snapshot(&client, "history").await?,
+    ));
+    for name in ["ordered", "part", "ondelete", "history"] {
+        let r = reasons(&client, name).await?;
+        out.push((
+            format!("{name} event reasons"),
+            Snapshot {
+                status: r.iter().cloned().collect::<Vec<_>>().join(","),
+                pods: vec![],
+                revisions: vec![],
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// Declared divergences (spec §5). None is expected in these scenarios.
+fn allowed(_checkpoint: &str, _up: &Snapshot, _ours: &Snapshot) -> Option<&'static str> {
+    None
+}
+
+async fn differential() -> Result<()> {
+    let reference = Cluster::up(
+        &unique("sdiff-ref"),
+        ClusterOptions {
+            reference: true,
+            ..Default::default()
+        },
+    )?;
+    let ours = Cluster::up(
+        &unique("sdiff-ph"),
+        ClusterOptions {
+            replace: Some(vec!["statefulset-controller"]),
+            ..Default::default()
+        },
+    )?;
+    let ph = Pilothouse::spawn(
+        "sdiff-pilothouse",
+        &ours.kubeconfig,
+        &ours.dir,
+        &["--controllers=statefulset-controller".to_string()],
+    )?;
+    ph.wait_log("starting controller", Duration::from_secs(60))
+        .await?;
+    let (r, o) = tokio::join!(run(reference.client().await?), run(ours.client().await?));
+    let r = r.context("upstream run")?;
+    let o = o.context("pilothouse run")?;
+    println!("DIFFERENTIAL statefulsets (upstream kube-controller-manager vs Pilothouse)");
+    let mut failures = Vec::new();
+    for ((checkpoint, up), (_, mine)) in r.iter().zip(&o) {
+        if up == mine {
+            println!("  SAME {checkpoint}: {}", up.status);
+            continue;
+        }
+        println!("  DIFF {checkpoint}\n    upstream:   {up:#?}\n    pilothouse: {mine:#?}");
+        match allowed(checkpoint, up, mine) {
+            Some(rule) => println!("  ALLOWED ({rule})"),
+            None => failures.push(checkpoint.clone()),
+        }
+    }
+    drop(ph);
+    drop(reference);
+    drop(ours);
+    if !failures.is_empty() {
+        bail!("unexplained differences at {failures:?}");
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![trial("differential_statefulsets", || {
+        Box::pin(differential())
+    })];
+    libtest_mimic::run(&args, trials).exit()
+}
