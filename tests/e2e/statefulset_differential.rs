@@ -358,10 +358,173 @@ async fn differential() -> Result<()> {
     Ok(())
 }
 
+/// A kube-controller-manager of the control plane's build running only its StatefulSet
+/// controller (no leader election: the plane's own kube-controller-manager holds that lease),
+/// killed on drop.
+fn upstream_statefulset_controller(cluster: &Cluster, log: &str) -> Result<tokio::process::Child> {
+    let bin = std::fs::read_to_string(cluster.dir.join("bindir"))?;
+    let port = cluster.reserve_port()?;
+    let file = std::fs::File::create(cluster.dir.join(format!("{log}.log")))?;
+    let child = tokio::process::Command::new(
+        std::path::Path::new(bin.trim()).join("kube-controller-manager"),
+    )
+    .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+    .arg("--bind-address=127.0.0.1")
+    .arg(format!("--secure-port={port}"))
+    .arg("--leader-elect=false")
+    .arg("--controllers=statefulset-controller")
+    .stdout(file.try_clone()?)
+    .stderr(file)
+    .kill_on_drop(true)
+    .spawn()
+    .context("starting kube-controller-manager")?;
+    Ok(child)
+}
+
+/// What must survive a handover: every pod's UID and revision, every revision's name and
+/// number, and the status.
+async fn handover_state(client: &Client) -> Result<(Vec<String>, Vec<String>, Vec<String>)> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let revs: Api<ControllerRevision> = Api::namespaced(client.clone(), NS);
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let mut p: Vec<String> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {} {:?}",
+                p.metadata.name.clone().unwrap_or_default(),
+                p.metadata.uid.clone().unwrap_or_default(),
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("controller-revision-hash"))
+            )
+        })
+        .collect();
+    p.sort();
+    let mut r: Vec<String> = revs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {:?} {}",
+                r.metadata.name.clone().unwrap_or_default(),
+                r.revision,
+                r.metadata.uid.clone().unwrap_or_default()
+            )
+        })
+        .collect();
+    r.sort();
+    let mut st: Vec<String> = sets
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {}",
+                s.metadata.name.clone().unwrap_or_default(),
+                serde_json::to_string(&s.status).unwrap_or_default()
+            )
+        })
+        .collect();
+    st.sort();
+    Ok((p, r, st))
+}
+
+/// S14 (B-2, ST-16): sets rolled by upstream kube-controller-manager 1.37, handed to Pilothouse
+/// and back: zero pod deletions (same UIDs), zero new revisions, status unchanged.
+async fn s14_takeover() -> Result<()> {
+    let cluster = Cluster::up(
+        &unique("s14"),
+        ClusterOptions {
+            replace: Some(vec!["statefulset-controller"]),
+            ..Default::default()
+        },
+    )?;
+    let client = cluster.client().await?;
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+    )
+    .await?;
+    k8s::wait_service_account(&client, NS).await?;
+    let upstream = upstream_statefulset_controller(&cluster, "kcm-statefulset-1")?;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(set("rolled", 3, json!({})))?,
+    )
+    .await?;
+    sets.create(
+        &PostParams::default(),
+        &serde_json::from_value(set(
+            "midway",
+            4,
+            json!({"podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}}),
+        ))?,
+    )
+    .await?;
+    until(&client, "rolled", "3 ready", complete(3)).await?;
+    until(&client, "midway", "4 ready", complete(4)).await?;
+    patch(&client, "rolled", image("2")).await?;
+    patch(&client, "midway", image("2")).await?;
+    until(&client, "rolled", "rolled out", |s| {
+        complete(3)(s) && s["observedGeneration"].as_i64() == Some(2)
+    })
+    .await?;
+    until(&client, "midway", "half way", |s| {
+        s["updatedReplicas"].as_i64() == Some(2) && s["readyReplicas"].as_i64() == Some(4)
+    })
+    .await?;
+    drop(upstream);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = handover_state(&client).await?;
+    let ph = Pilothouse::spawn(
+        "s14-pilothouse",
+        &cluster.kubeconfig,
+        &cluster.dir,
+        &["--controllers=statefulset-controller".to_string()],
+    )?;
+    ph.wait_log("starting controller", Duration::from_secs(60))
+        .await?;
+    // Every set is synced on taking over; give it several passes.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let with_pilothouse = handover_state(&client).await?;
+    drop(ph);
+    let back = upstream_statefulset_controller(&cluster, "kcm-statefulset-2")?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let handed_back = handover_state(&client).await?;
+    drop(back);
+    for (when, after) in [
+        ("Pilothouse took over", &with_pilothouse),
+        ("handed back", &handed_back),
+    ] {
+        if &before != after {
+            bail!("{when}: changed\nbefore: {before:#?}\nafter: {after:#?}");
+        }
+    }
+    println!(
+        "S14: {} pods, {} revisions unchanged through both handovers",
+        before.0.len(),
+        before.1.len()
+    );
+    drop(cluster);
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
-    let trials = vec![trial("differential_statefulsets", || {
-        Box::pin(differential())
-    })];
+    let trials = vec![
+        trial("differential_statefulsets", || Box::pin(differential())),
+        trial("s14_takeover", || Box::pin(s14_takeover())),
+    ];
     libtest_mimic::run(&args, trials).exit()
 }
