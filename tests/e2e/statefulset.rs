@@ -527,6 +527,100 @@ async fn s12_adoption() -> Result<()> {
     Ok(())
 }
 
+/// S10 (retention, ST-32..ST-34; claims stay Pending here, which the controller does not wait
+/// for under Parallel): claims precede their pods with the template's and the selector's labels
+/// and no owner under Retain; whenScaled Delete gives a condemned pod's claims a reference to
+/// it before it goes, so they go with it; whenDeleted Delete gives in-range claims a reference
+/// to the set.
+async fn s10_claim_retention() -> Result<()> {
+    let n = ns("s10").await?;
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(n.client.clone(), &n.ns);
+    let template = json!({"volumeClaimTemplates": [{
+        "metadata": {"name": "data", "labels": {"tier": "db"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }], "podManagementPolicy": "Parallel"});
+    let mut scaled = template.clone();
+    scaled["persistentVolumeClaimRetentionPolicy"] =
+        json!({"whenDeleted": "Retain", "whenScaled": "Delete"});
+    n.create(&set("web", 3, scaled)?).await?;
+    let owners = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| -> Vec<String> {
+        c.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|r| format!("{}/{}", r.kind, r.name))
+            .collect()
+    };
+    wait::until(
+        "3 claims and pods",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let c = claims.list(&ListParams::default()).await?.items;
+            let p = n.pods_of("web").await?;
+            Ok((c.len() == 3 && p.len() == 3).then_some(()))
+        },
+    )
+    .await?;
+    for i in 0..3 {
+        let c = claims.get(&format!("data-web-{i}")).await?;
+        let labels = c.metadata.labels.clone().unwrap_or_default();
+        ensure!(
+            labels.get("tier").map(String::as_str) == Some("db")
+                && labels.get("app").map(String::as_str) == Some("web"),
+            "{labels:?}"
+        );
+        ensure!(
+            owners(&c).is_empty(),
+            "in-range claim owned: {:?}",
+            owners(&c)
+        );
+        let pod = n.pods.get(&format!("web-{i}")).await?;
+        let vols = serde_json::to_value(pod.spec.unwrap_or_default().volumes)?;
+        ensure!(
+            vols.to_string().contains(&format!("data-web-{i}")),
+            "web-{i} volumes {vols}"
+        );
+    }
+    // Scale to 1: data-web-1 and -2 get a reference to their pod, and go with it.
+    n.patch_spec("web", json!({"replicas": 1})).await?;
+    wait::until(
+        "condemned claims gone",
+        Duration::from_secs(90),
+        Duration::from_millis(200),
+        || async {
+            let names: Vec<String> = claims
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+                .filter_map(|c| c.metadata.name)
+                .collect();
+            Ok((names == ["data-web-0"]).then_some(()))
+        },
+    )
+    .await?;
+    // whenDeleted Delete: the remaining in-range claim gets a reference to the set.
+    n.patch_spec(
+        "web",
+        json!({"persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Delete"}}),
+    )
+    .await?;
+    wait::until(
+        "set reference",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let c = claims.get("data-web-0").await?;
+            Ok((owners(&c) == ["StatefulSet/web"]).then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// A template change that leaves pods unschedulable (a node selector no node has): they stay
 /// Pending and never turn Ready, as a broken image would.
 fn broken() -> Value {
@@ -615,6 +709,7 @@ fn main() -> ! {
             s7_bad_template_stops_after_the_budget,
         ),
         trial("s8_on_delete", s8_on_delete),
+        trial("s10_claim_retention", s10_claim_retention),
         trial("s12_adoption", s12_adoption),
     ];
     pilothouse_tests::harness::main(
