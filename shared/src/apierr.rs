@@ -117,6 +117,29 @@ fn is_not_leading(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// An API request that failed, with what the sync was doing: the one `Api` variant every
+/// controller's error enum wraps (`#[error(transparent)] Api(#[from] Failed)`), so the text and
+/// the kind of an API failure are the same in every controller.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct Failed {
+    pub what: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+impl Classify for Failed {
+    fn kind(&self) -> ErrorKind {
+        self.source.kind()
+    }
+}
+
+/// For `map_err`: the failure labelled with what the sync was doing, as the controller's error.
+pub fn doing<E: From<Failed>>(what: impl Into<String>) -> impl FnOnce(kube::Error) -> E {
+    let what = what.into();
+    move |source| E::from(Failed { what, source })
+}
+
 /// An error that knows its [`ErrorKind`]: every controller's error type implements it, so the
 /// runtime labels failed syncs in one vocabulary.
 pub trait Classify {

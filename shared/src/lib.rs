@@ -28,3 +28,9 @@ pub mod selector;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod writer;
+
+/// Locks `m`, taking the data even if a panicking holder poisoned it: every lock in Pilothouse
+/// guards memory a sync can rebuild, and a contained panic must not wedge the other keys.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -54,12 +54,8 @@ pub struct CronJobOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{what}: {source}")]
-    Api {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Api(#[from] shared::apierr::Failed),
     /// CR-27 Replace: an active Job could not be deleted.
     #[error("could not replace job {job}")]
     Replace {
@@ -72,15 +68,15 @@ pub enum Error {
 impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Api { source, .. } | Error::Replace { source, .. } => source.kind(),
+            Error::Api(e) => e.kind(),
+            Error::Replace { source, .. } => source.kind(),
         }
     }
 }
 
-/// An API error with what the sync was doing.
+/// An API error with what the sync was doing (`shared::apierr::doing` for this crate's error).
 pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    let what = what.into();
-    move |source| Error::Api { what, source }
+    shared::apierr::doing(what)
 }
 
 pub fn registration(opts: CronJobOptions) -> Registration {

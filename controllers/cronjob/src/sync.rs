@@ -105,7 +105,7 @@ impl CronJobs {
     }
 
     fn memory(&self) -> MutexGuard<'_, HashMap<String, Memory>> {
-        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+        shared::lock(&self.memory)
     }
 
     /// CR-3: the CronJob a Job's controller reference resolves to (kind, name and UID checked).

@@ -59,12 +59,8 @@ pub struct JobOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{what}: {source}")]
-    Api {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Api(#[from] shared::apierr::Failed),
     #[error("status write for {key} refused locally, it would be invalid: {violations}")]
     InvalidStatus { key: String, violations: String },
     #[error("the cache has not yet observed this controller's last write to {0}")]
@@ -76,7 +72,7 @@ pub enum Error {
 impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Api { source, .. } => source.kind(),
+            Error::Api(e) => e.kind(),
             Error::InvalidStatus { .. } | Error::StaleCache(_) | Error::Claim(_) => {
                 ErrorKind::Other
             }
@@ -84,10 +80,9 @@ impl Classify for Error {
     }
 }
 
-/// An API error with what the sync was doing.
+/// An API error with what the sync was doing (`shared::apierr::doing` for this crate's error).
 pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    let what = what.into();
-    move |source| Error::Api { what, source }
+    shared::apierr::doing(what)
 }
 
 /// Orphan-queue keys (upstream `orphanPodKey`): one pod, or every pod a Job UID controls.

@@ -6,7 +6,7 @@
 use crate::metrics::{GroupResourceLabels, Metrics, SyncLabels};
 use crate::plan::{self, Observed, PodAction};
 use crate::tracking::FlushError;
-use crate::{Error, MANAGED_BY, OrphanKey, act, handlers, pods, policy};
+use crate::{Error, MANAGED_BY, OrphanKey, act, api, handlers, pods, policy};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -106,7 +106,7 @@ impl Jobs {
     }
 
     fn memory(&self) -> MutexGuard<'_, HashMap<String, Memory>> {
-        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+        shared::lock(&self.memory)
     }
 
     /// Changes the memory of Job `uid`, dropping it when nothing is left to remember.
@@ -321,10 +321,10 @@ impl Jobs {
                 let failures = [(pod, e)];
                 self.finalizer_failure(job.as_deref(), &failures);
                 let [(_, e)] = failures;
-                Error::Api {
-                    what: format!("removing the tracking finalizer of pod {}", object_key(pod)),
-                    source: e,
-                }
+                api(format!(
+                    "removing the tracking finalizer of pod {}",
+                    object_key(pod)
+                ))(e)
             })
     }
 }

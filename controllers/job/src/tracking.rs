@@ -139,10 +139,10 @@ impl Jobs {
                 // The first failure is the sync's error, moved (not re-made, which would lose
                 // its kind, such as NotLeading).
                 let (p, e) = failures.swap_remove(0);
-                rm_err = Some(Error::Api {
-                    what: format!("removing the tracking finalizer of pod {}", pods::name(p)),
-                    source: e,
-                });
+                rm_err = Some(api(format!(
+                    "removing the tracking finalizer of pod {}",
+                    pods::name(p)
+                ))(e));
             }
         }
         if plan::clean_uncounted(&mut status, &with_finalizer) {

@@ -67,9 +67,7 @@ pub struct NodeLifecycle {
     pub(crate) metrics: Metrics,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use shared::lock;
 
 fn heartbeat(node: &Node) -> Option<Timestamp> {
     plan::condition(node, "Ready")

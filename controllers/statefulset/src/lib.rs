@@ -53,12 +53,8 @@ pub struct StatefulSetOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{what}: {source}")]
-    Api {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Api(#[from] shared::apierr::Failed),
     /// Adoption refused: the set read live is another one, or being deleted (ST-4).
     #[error("{0}")]
     Claim(String),
@@ -73,17 +69,16 @@ pub enum Error {
 impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
-            Error::Api { source, .. } => source.kind(),
+            Error::Api(e) => e.kind(),
             Error::Claim(_) | Error::Revision(_) => ErrorKind::Other,
             Error::Many { first, .. } => first.kind(),
         }
     }
 }
 
-/// An API error with what the sync was doing.
+/// An API error with what the sync was doing (`shared::apierr::doing` for this crate's error).
 pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    let what = what.into();
-    move |source| Error::Api { what, source }
+    shared::apierr::doing(what)
 }
 
 pub fn registration(opts: StatefulSetOptions) -> Registration {

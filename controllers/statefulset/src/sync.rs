@@ -46,9 +46,7 @@ pub struct StatefulSets {
     zero_grace_warned: Mutex<HashMap<String, i64>>,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use shared::lock;
 
 /// The revisions of a set as the sync sees them: the cached objects and their data bytes.
 struct Revisions {
@@ -680,8 +678,8 @@ impl StatefulSets {
     ) -> Result<(), Error> {
         let name = identity::pod_name(set.name(), ordinal);
         if let Err(e) = self.create_claims(key, set, ordinal).await {
-            if let Error::Api { source, .. } = &e {
-                self.pod_event(set, "create", &name, Some(source));
+            if let Error::Api(f) = &e {
+                self.pod_event(set, "create", &name, Some(&f.source));
             }
             return Err(e);
         }
@@ -691,8 +689,8 @@ impl StatefulSets {
                 self.wrote(key, "pods", created.metadata.resource_version.as_deref());
                 let uid = created.metadata.uid.clone().unwrap_or_default();
                 if let Err(e) = self.fix_claim_refs(key, set, &name, &uid).await {
-                    if let Error::Api { source, .. } = &e {
-                        self.pod_event(set, "update", &name, Some(source));
+                    if let Error::Api(f) = &e {
+                        self.pod_event(set, "update", &name, Some(&f.source));
                     }
                     return Err(e);
                 }

@@ -81,7 +81,7 @@ impl TaintEviction {
     }
 
     fn timers(&self) -> std::sync::MutexGuard<'_, HashMap<String, PodTimer>> {
-        self.timers.lock().unwrap_or_else(|p| p.into_inner())
+        shared::lock(&self.timers)
     }
 
     /// The keys of the pods bound to `node`.
