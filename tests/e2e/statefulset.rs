@@ -521,8 +521,44 @@ async fn s12_adoption() -> Result<()> {
         },
     )
     .await?;
+    // The name is taken: recreating web-0 hits AlreadyExists (no event, as upstream), and the
+    // released pod is left alone.
+    let released = n.pods.get("web-0").await?.metadata.uid;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = n.pods.get("web-0").await?;
+    ensure!(
+        still.metadata.uid == released
+            && owner(&still).is_none()
+            && still.metadata.deletion_timestamp.is_none(),
+        "the released web-0 was touched: {:?}",
+        still.metadata
+    );
+    // The label returns: adopted again, same pod.
+    n.pods
+        .patch(
+            "web-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})),
+        )
+        .await?;
+    wait::until(
+        "web-0 re-adopted",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let p = n.pods.get("web-0").await?;
+            Ok((owner(&p).as_deref() == Some("web") && p.metadata.uid == released).then_some(()))
+        },
+    )
+    .await?;
+    n.until_status("web", "4 ready again", 60, |s| {
+        s["readyReplicas"].as_i64() == Some(4)
+    })
+    .await?;
     let events = k8s::events(&n.client, &n.ns, "web", "SuccessfulCreate").await?;
     ensure!(!events.is_empty(), "no SuccessfulCreate events on the set");
+    let failed = k8s::events(&n.client, &n.ns, "web", "FailedCreate").await?;
+    ensure!(failed.is_empty(), "AlreadyExists drew an event: {failed:?}");
     Ok(())
 }
 
@@ -693,6 +729,582 @@ async fn s7_bad_template_stops_after_the_budget() -> Result<()> {
     Ok(())
 }
 
+/// One pod as the scenarios look at it.
+#[derive(Debug, Clone)]
+struct PodView {
+    name: String,
+    uid: String,
+    revision: String,
+    deleting: bool,
+    /// When it last turned Ready, if it is Ready.
+    ready_since: Option<k8s_openapi::jiff::Timestamp>,
+    resource_version: String,
+}
+
+impl PodView {
+    fn of(p: &Pod) -> PodView {
+        let ready = k8s::condition(p, "Ready").filter(|c| c.status == "True");
+        PodView {
+            name: p.metadata.name.clone().unwrap_or_default(),
+            uid: p.metadata.uid.clone().unwrap_or_default(),
+            revision: p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("controller-revision-hash").cloned())
+                .unwrap_or_default(),
+            deleting: p.metadata.deletion_timestamp.is_some(),
+            ready_since: ready.and_then(|c| c.last_transition_time.as_ref().map(|t| t.0)),
+            resource_version: p.metadata.resource_version.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Available as the controller judges it: Ready for at least `min_ready` seconds, by the
+    /// same (second-granular) transition time it reads.
+    fn available(&self, min_ready: f64) -> bool {
+        !self.deleting && self.ready_since.is_some_and(|t| k8s::since(t) >= min_ready)
+    }
+}
+
+/// The kwok hook (tests/cluster/kwok/stages.yaml): pods of this template run but stay unready
+/// until the annotation is removed from them.
+fn unready_template() -> Value {
+    json!({"template": {"metadata": {"annotations": {"pilothouse.test/not-ready": "true"}}}})
+}
+
+fn claim_template() -> Value {
+    json!([{
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }])
+}
+
+impl Ns {
+    async fn views(&self, set: &str) -> Result<Vec<PodView>> {
+        let mut v: Vec<PodView> = self
+            .pods
+            .list(&ListParams::default().labels(&format!("app={set}")))
+            .await?
+            .items
+            .iter()
+            .map(PodView::of)
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(v)
+    }
+
+    /// Makes a pod Ready or unready through the kwok hook.
+    async fn set_ready(&self, pod: &str, ready: bool) -> Result<()> {
+        let value = if ready { Value::Null } else { json!("true") };
+        self.pods
+            .patch(
+                pod,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"pilothouse.test/not-ready": value}}}),
+                ),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn until_pod(
+        &self,
+        pod: &str,
+        what: &str,
+        ok: impl Fn(&PodView) -> bool,
+    ) -> Result<PodView> {
+        wait::until(
+            &format!("{pod}: {what}"),
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || async {
+                Ok(match self.pods.get_opt(pod).await? {
+                    Some(p) => Some(PodView::of(&p)).filter(|v| ok(v)),
+                    None => None,
+                })
+            },
+        )
+        .await
+    }
+
+    fn names(views: &[PodView]) -> Vec<&str> {
+        views.iter().map(|v| v.name.as_str()).collect()
+    }
+}
+
+/// S1 (halt): OrderedReady, 3 replicas, web-1 never turns Ready (kwok hook) → no web-2,
+/// `replicas` 2, `readyReplicas` 1; web-1 Ready → web-2. With web-0 unready, a scale-down
+/// 3 → 1 deletes nothing until web-0 is Ready again.
+async fn s1_ordered_halt() -> Result<()> {
+    let n = ns("s1h").await?;
+    n.create(&set("web", 3, unready_template())?).await?;
+    n.until_pod("web-0", "created", |_| true).await?;
+    n.set_ready("web-0", true).await?;
+    n.until_pod("web-1", "created", |_| true).await?;
+    n.until_status("web", "web-1 counted", 30, |s| {
+        s["replicas"].as_i64() == Some(2) && s["readyReplicas"].as_i64() == Some(1)
+    })
+    .await?;
+    // Long enough for several syncs (every pod change requeues the set).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let views = n.views("web").await?;
+    ensure!(Ns::names(&views) == ["web-0", "web-1"], "{views:#?}");
+    let s = n.status("web").await?;
+    ensure!(
+        s["replicas"].as_i64() == Some(2) && s["readyReplicas"].as_i64() == Some(1),
+        "{s}"
+    );
+    n.set_ready("web-1", true).await?;
+    n.until_pod("web-2", "created", |_| true).await?;
+    n.set_ready("web-2", true).await?;
+    n.until_status("web", "3 ready", 60, all_ready(3)).await?;
+    // Unready web-0 halts a scale-down.
+    n.set_ready("web-0", false).await?;
+    n.until_status("web", "web-0 unready seen", 30, |s| {
+        s["readyReplicas"].as_i64() == Some(2)
+    })
+    .await?;
+    n.patch_spec("web", json!({"replicas": 1})).await?;
+    n.until_status("web", "scale-down seen", 30, |s| {
+        s["observedGeneration"].as_i64() == Some(2)
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let views = n.views("web").await?;
+    ensure!(
+        Ns::names(&views) == ["web-0", "web-1", "web-2"] && views.iter().all(|v| !v.deleting),
+        "scaled down past an unready web-0: {views:#?}"
+    );
+    n.set_ready("web-0", true).await?;
+    n.until_status("web", "scaled to 1", 60, |s| {
+        s["replicas"].as_i64() == Some(1) && s["readyReplicas"].as_i64() == Some(1)
+    })
+    .await?;
+    ensure!(Ns::names(&n.views("web").await?) == ["web-0"]);
+    Ok(())
+}
+
+/// Follows a rollout of `set` to completion, returning the most pods unavailable at once among
+/// `watched` ordinals' names (a missing pod is unavailable) and the time it took.
+async fn follow_rollout(
+    n: &Ns,
+    set: &str,
+    watched: &[&str],
+    min_ready: f64,
+    replicas: i64,
+    old: &str,
+) -> Result<(usize, Duration)> {
+    let started = std::time::Instant::now();
+    let most = std::cell::Cell::new(0usize);
+    wait::until(
+        "rollout complete",
+        Duration::from_secs(240),
+        Duration::from_millis(100),
+        || async {
+            let views = n.views(set).await?;
+            let down = watched
+                .iter()
+                .filter(|w| {
+                    !views
+                        .iter()
+                        .any(|v| v.name == **w && v.available(min_ready))
+                })
+                .count();
+            most.set(most.get().max(down));
+            let s = n.status(set).await?;
+            Ok((all_ready(replicas)(&s) && s["updateRevision"] != old).then_some(()))
+        },
+    )
+    .await?;
+    Ok((most.get(), started.elapsed()))
+}
+
+/// S5: Parallel, 6 replicas, maxUnavailable 2 (then `50%`, which is 3 of 6), minReadySeconds
+/// 10: never more pods unavailable than the budget, so the rollout takes at least three
+/// windows of 10 s (two for 50%).
+async fn s5_parallel_budget(max_unavailable: Value, budget: usize, at_least: u64) -> Result<()> {
+    let n = ns("s5").await?;
+    n.create(&set(
+        "web",
+        6,
+        json!({"podManagementPolicy": "Parallel", "minReadySeconds": 10,
+               "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max_unavailable}}}),
+    )?)
+    .await?;
+    let first = n
+        .until_status("web", "6 available", 90, all_ready(6))
+        .await?;
+    let old = first["updateRevision"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    n.patch_spec(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "c", "image": "nginx:2"}]}}}),
+    )
+    .await?;
+    let all = ["web-0", "web-1", "web-2", "web-3", "web-4", "web-5"];
+    let (most, took) = follow_rollout(&n, "web", &all, 10.0, 6, &old).await?;
+    ensure!(
+        most == budget,
+        "{most} pods unavailable at once, budget {budget}"
+    );
+    ensure!(
+        took >= Duration::from_secs(at_least),
+        "rollout took {took:?}, less than {at_least} s"
+    );
+    Ok(())
+}
+
+async fn s5_max_unavailable_2() -> Result<()> {
+    s5_parallel_budget(json!(2), 2, 30).await
+}
+
+async fn s5_max_unavailable_50_percent() -> Result<()> {
+    s5_parallel_budget(json!("50%"), 3, 20).await
+}
+
+/// S5 (partition): web-0 old and unready, partition 1, maxUnavailable 2 → web-0 is kept (same
+/// pod, old revision) and, one pod of the budget being spent on it, at most one healthy pod is
+/// down at a time.
+async fn s5_partition_with_an_unready_old_pod() -> Result<()> {
+    let n = ns("s5p").await?;
+    n.create(&set(
+        "web",
+        6,
+        json!({"podManagementPolicy": "Parallel", "minReadySeconds": 10,
+               "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}}),
+    )?)
+    .await?;
+    let first = n
+        .until_status("web", "6 available", 90, all_ready(6))
+        .await?;
+    let old = first["updateRevision"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let web0 = n.until_pod("web-0", "exists", |_| true).await?;
+    n.set_ready("web-0", false).await?;
+    n.until_status("web", "web-0 unavailable seen", 30, |s| {
+        s["availableReplicas"].as_i64() == Some(5)
+    })
+    .await?;
+    n.patch_spec(
+        "web",
+        json!({"updateStrategy": {"rollingUpdate": {"partition": 1}},
+               "template": {"spec": {"containers": [{"name": "c", "image": "nginx:2"}]}}}),
+    )
+    .await?;
+    let healthy = ["web-1", "web-2", "web-3", "web-4", "web-5"];
+    let most = std::cell::Cell::new(0usize);
+    wait::until(
+        "web-1..5 updated and available",
+        Duration::from_secs(240),
+        Duration::from_millis(100),
+        || async {
+            let views = n.views("web").await?;
+            let down = healthy
+                .iter()
+                .filter(|w| !views.iter().any(|v| v.name == **w && v.available(10.0)))
+                .count();
+            most.set(most.get().max(down));
+            let s = n.status("web").await?;
+            Ok((s["updateRevision"] != old.as_str()
+                && s["updatedReplicas"].as_i64() == Some(5)
+                && s["availableReplicas"].as_i64() == Some(5))
+            .then_some(()))
+        },
+    )
+    .await?;
+    ensure!(most.get() == 1, "{} healthy pods down at once", most.get());
+    let now0 = n.until_pod("web-0", "exists", |_| true).await?;
+    ensure!(
+        now0.uid == web0.uid && now0.revision == old,
+        "web-0 was replaced: {now0:?}"
+    );
+    Ok(())
+}
+
+/// S11: web-1 terminating `Failed`, then `Succeeded` (kwok exit-code hook) is replaced under
+/// the same name with a new UID, mounting the same claim.
+async fn s11_failed_and_succeeded_are_replaced() -> Result<()> {
+    let n = ns("s11").await?;
+    n.create(&set(
+        "web",
+        3,
+        json!({"volumeClaimTemplates": claim_template()}),
+    )?)
+    .await?;
+    n.until_status("web", "3 ready", 120, all_ready(3)).await?;
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(n.client.clone(), &n.ns);
+    let claim_uid = claims.get("data-web-1").await?.metadata.uid;
+    for code in ["1", "0"] {
+        let before = n
+            .until_pod("web-1", "ready", |v| v.ready_since.is_some())
+            .await?;
+        n.pods
+            .patch(
+                "web-1",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"pilothouse.test/exit-code": code}}}),
+                ),
+            )
+            .await?;
+        let after = n
+            .until_pod("web-1", "replaced and ready", |v| {
+                v.uid != before.uid && v.ready_since.is_some()
+            })
+            .await?;
+        let pod = n.pods.get("web-1").await?;
+        let claim_names: Vec<String> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| {
+                v.persistent_volume_claim
+                    .as_ref()
+                    .map(|c| c.claim_name.clone())
+            })
+            .collect();
+        ensure!(claim_names == ["data-web-1"], "{claim_names:?}");
+        ensure!(
+            claims.get("data-web-1").await?.metadata.uid == claim_uid,
+            "the claim was replaced"
+        );
+        ensure!(after.name == "web-1");
+    }
+    n.until_status("web", "3 ready", 60, all_ready(3)).await?;
+    Ok(())
+}
+
+/// S13: `ordinals.start` 5 → web-5..7 with data-web-5..7; partition 1 protects web-5 only;
+/// start 6 → web-8 is Ready before web-5 goes.
+async fn s13_start_ordinal() -> Result<()> {
+    let n = ns("s13").await?;
+    n.create(&set(
+        "web",
+        3,
+        json!({"ordinals": {"start": 5}, "volumeClaimTemplates": claim_template()}),
+    )?)
+    .await?;
+    let first = n.until_status("web", "3 ready", 120, all_ready(3)).await?;
+    let old = first["updateRevision"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure!(Ns::names(&n.views("web").await?) == ["web-5", "web-6", "web-7"]);
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(n.client.clone(), &n.ns);
+    let mut claim_names: Vec<String> = claims
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    claim_names.sort();
+    ensure!(
+        claim_names == ["data-web-5", "data-web-6", "data-web-7"],
+        "{claim_names:?}"
+    );
+    n.patch_spec(
+        "web",
+        json!({"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 1}},
+               "template": {"spec": {"containers": [{"name": "c", "image": "nginx:2"}]}}}),
+    )
+    .await?;
+    let s = n
+        .until_status("web", "web-6, web-7 updated", 120, |s| {
+            s["updatedReplicas"].as_i64() == Some(2) && s["readyReplicas"].as_i64() == Some(3)
+        })
+        .await?;
+    let views = n.views("web").await?;
+    let revs: Vec<(&str, bool)> = views
+        .iter()
+        .map(|v| (v.name.as_str(), v.revision == old))
+        .collect();
+    ensure!(
+        revs == [("web-5", true), ("web-6", false), ("web-7", false)],
+        "{revs:?} (status {s})"
+    );
+    n.patch_spec("web", json!({"ordinals": {"start": 6}}))
+        .await?;
+    let web8_ready_first = std::cell::Cell::new(false);
+    wait::until(
+        "web-5 gone",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || async {
+            let views = n.views("web").await?;
+            let web5 = views.iter().find(|v| v.name == "web-5");
+            let web8_ready = views
+                .iter()
+                .any(|v| v.name == "web-8" && v.ready_since.is_some());
+            if web5.is_some_and(|v| !v.deleting) && web8_ready {
+                web8_ready_first.set(true);
+            }
+            if web5.is_none_or(|v| v.deleting) && !web8_ready_first.get() {
+                anyhow::bail!("web-5 went before web-8 was Ready: {views:#?}");
+            }
+            Ok(web5.is_none().then_some(()))
+        },
+    )
+    .await?;
+    n.until_status("web", "3 ready at 6..8", 60, |s| {
+        s["replicas"].as_i64() == Some(3) && s["readyReplicas"].as_i64() == Some(3)
+    })
+    .await?;
+    ensure!(Ns::names(&n.views("web").await?) == ["web-6", "web-7", "web-8"]);
+    Ok(())
+}
+
+/// S15: minReadySeconds 20, OrderedReady, 2 replicas: web-1 is created ≥ 20 s after web-0 turned
+/// Ready; `availableReplicas` reaches 2 with no further pod change (a timed requeue); in a
+/// rollout `currentRevision` advances only once every pod is Available (B-3).
+async fn s15_min_ready_seconds() -> Result<()> {
+    let n = ns("s15").await?;
+    n.create(&set("web", 2, json!({"minReadySeconds": 20}))?)
+        .await?;
+    // until_pod waits 60 s; web-1 comes after ~21 s.
+    n.until_pod("web-1", "created", |_| true).await?;
+    let web0 = n.pods.get("web-0").await?;
+    let ready0 = k8s::condition(&web0, "Ready")
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+        .context("web-0 Ready time")?;
+    let created1 = n
+        .pods
+        .get("web-1")
+        .await?
+        .metadata
+        .creation_timestamp
+        .context("web-1 creation")?
+        .0;
+    let gap = ready0.duration_until(created1).as_secs_f64();
+    ensure!(
+        gap >= 20.0,
+        "web-1 created {gap} s after web-0 turned Ready"
+    );
+    let ready1 = n
+        .until_pod("web-1", "ready", |v| v.ready_since.is_some())
+        .await?;
+    n.until_status("web", "2 available", 60, all_ready(2))
+        .await?;
+    let views = n.views("web").await?;
+    let rv1 = views
+        .iter()
+        .find(|v| v.name == "web-1")
+        .map(|v| v.resource_version.clone());
+    ensure!(
+        rv1.as_deref() == Some(ready1.resource_version.as_str()),
+        "web-1 changed after it turned Ready: {views:#?}"
+    );
+    // B-3.
+    let old = n.status("web").await?["currentRevision"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    n.patch_spec(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "c", "image": "nginx:2"}]}}}),
+    )
+    .await?;
+    let window_seen = std::cell::Cell::new(false);
+    wait::until(
+        "rollout complete",
+        Duration::from_secs(180),
+        Duration::from_millis(200),
+        || async {
+            let s = n.status("web").await?;
+            let current_is_update = s["currentRevision"] == s["updateRevision"];
+            let available = s["availableReplicas"].as_i64() == Some(2);
+            let updated = s["updatedReplicas"].as_i64() == Some(2);
+            if s["updateRevision"] != old.as_str() {
+                if current_is_update && !(available && updated) {
+                    anyhow::bail!("currentRevision advanced before all were Available: {s}");
+                }
+                if updated && s["readyReplicas"].as_i64() == Some(2) && !available {
+                    window_seen.set(true);
+                }
+            }
+            Ok(
+                (current_is_update && s["currentRevision"] != old.as_str() && available)
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    ensure!(
+        window_seen.get(),
+        "never saw every pod updated and Ready but not yet Available"
+    );
+    Ok(())
+}
+
+/// S16 (B-4): Parallel under a pod quota of 21: scaling 2 → 32 stops at 21 pods; scaling to 10
+/// then deletes the condemned pods first, so the missing ones below 10 can be created and the
+/// set converges to web-0..9.
+async fn s16_quota() -> Result<()> {
+    let n = ns("s16").await?;
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(n.client.clone(), &n.ns);
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "pods"}, "spec": {"hard": {"pods": "21"}}}),
+            )?,
+        )
+        .await?;
+    // Admission refuses pods until the quota controller has filled in the status.
+    wait::until(
+        "quota status",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let q = quotas.get("pods").await?;
+            Ok(q.status
+                .and_then(|s| s.hard)
+                .is_some_and(|h| h.contains_key("pods"))
+                .then_some(()))
+        },
+    )
+    .await?;
+    n.create(&set("web", 2, json!({"podManagementPolicy": "Parallel"}))?)
+        .await?;
+    n.until_status("web", "2 ready", 60, all_ready(2)).await?;
+    n.patch_spec("web", json!({"replicas": 32})).await?;
+    wait::until(
+        "21 pods",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { Ok((n.views("web").await?.len() == 21).then_some(())) },
+    )
+    .await?;
+    n.patch_spec("web", json!({"replicas": 10})).await?;
+    let want: Vec<String> = (0..10).map(|i| format!("web-{i}")).collect();
+    wait::until(
+        "web-0..9 ready",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || async {
+            let views = n.views("web").await?;
+            let mut names: Vec<String> = views.iter().map(|v| v.name.clone()).collect();
+            names.sort_by_key(|n| n.trim_start_matches("web-").parse::<u32>().unwrap_or(0));
+            let s = n.status("web").await?;
+            Ok((names == want
+                && s["replicas"].as_i64() == Some(10)
+                && s["readyReplicas"].as_i64() == Some(10))
+            .then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 fn main() -> ! {
     let trials = vec![
         trial("s1_ordered", s1_ordered),
@@ -710,6 +1322,23 @@ fn main() -> ! {
         trial("s8_on_delete", s8_on_delete),
         trial("s10_claim_retention", s10_claim_retention),
         trial("s12_adoption", s12_adoption),
+        trial("s1_ordered_halt", s1_ordered_halt),
+        trial("s5_max_unavailable_2", s5_max_unavailable_2),
+        trial(
+            "s5_max_unavailable_50_percent",
+            s5_max_unavailable_50_percent,
+        ),
+        trial(
+            "s5_partition_with_an_unready_old_pod",
+            s5_partition_with_an_unready_old_pod,
+        ),
+        trial(
+            "s11_failed_and_succeeded_are_replaced",
+            s11_failed_and_succeeded_are_replaced,
+        ),
+        trial("s13_start_ordinal", s13_start_ordinal),
+        trial("s15_min_ready_seconds", s15_min_ready_seconds),
+        trial("s16_quota", s16_quota),
     ];
     pilothouse_tests::harness::main(
         "statefulset",
