@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 type Rule = Box<dyn FnMut(&Call) -> Option<kube::Error> + Send>;
+type Defaulter = Box<dyn Fn(&mut Value) + Send>;
 
 #[derive(Default)]
 struct Tracker {
@@ -43,6 +44,8 @@ struct Tracker {
     objects: BTreeMap<(String, String, String), Value>,
     calls: Vec<Call>,
     rules: Vec<Rule>,
+    /// What a dry-run create does to its body (the API server's defaulting); none by default.
+    defaulter: Option<Defaulter>,
     next_rv: u64,
     next_uid: u64,
 }
@@ -216,12 +219,20 @@ impl FakeApi {
         self.lock().calls.clone()
     }
 
-    /// Calls other than event writes.
+    /// Calls that change something: not event writes, reads or dry runs.
     pub fn writes(&self) -> Vec<Call> {
         self.calls()
             .into_iter()
-            .filter(|c| c.target().plural != "events" && !matches!(c, Call::Get(_)))
+            .filter(|c| {
+                c.target().plural != "events" && !matches!(c, Call::Get(_) | Call::DryRunCreate(..))
+            })
             .collect()
+    }
+
+    /// Makes dry-run creates answer with their body as `defaults` leaves it, as the API
+    /// server's defaulting would.
+    pub fn default_dry_runs(&self, defaults: impl Fn(&mut Value) + Send + 'static) {
+        self.lock().defaulter = Some(Box::new(defaults));
     }
 
     /// The events written so far as (type, reason, message), in order (creates and count bumps).
@@ -300,6 +311,12 @@ impl FakeApi {
         let rv = (1000 + s.next_rv).to_string();
         match call {
             Call::CreateRaw(..) => unreachable!("made a create above"),
+            Call::DryRunCreate(_, mut v) => {
+                if let Some(d) = &s.defaulter {
+                    d(&mut v);
+                }
+                Ok(v)
+            }
             Call::Get(t) => s.objects.get(&id(&t)).cloned().ok_or_else(|| not_found(&t)),
             Call::Create(mut t, mut v) if t.subresource.is_none() => {
                 if t.name.is_empty() {

@@ -90,6 +90,9 @@ pub enum Call {
     /// A create whose body must reach the API server byte for byte: a `RawExtension` field is
     /// stored as the bytes received (a ControllerRevision's `data`, whose hash is of its bytes).
     CreateRaw(Target, Vec<u8>),
+    /// A create with `dryRun=All`: the API server defaults, validates and admits the object and
+    /// answers with it, persisting nothing (ST-15 asks it for a template's defaults).
+    DryRunCreate(Target, Value),
     /// A PUT of the whole object (or subresource); its `metadata.resourceVersion` is the
     /// precondition.
     Replace(Target, Value),
@@ -110,6 +113,7 @@ impl Call {
             Call::Get(t)
             | Call::Create(t, _)
             | Call::CreateRaw(t, _)
+            | Call::DryRunCreate(t, _)
             | Call::Replace(t, _)
             | Call::Patch(t, _, _) => t,
             Call::Delete { target, .. } => target,
@@ -120,7 +124,7 @@ impl Call {
     pub fn verb(&self) -> &'static str {
         match self {
             Call::Get(_) => "get",
-            Call::Create(..) | Call::CreateRaw(..) => "create",
+            Call::Create(..) | Call::CreateRaw(..) | Call::DryRunCreate(..) => "create",
             Call::Replace(..) => "update",
             Call::Patch(..) => "patch",
             Call::Delete { .. } => "delete",
@@ -149,6 +153,20 @@ fn build_request(call: &Call) -> Result<http::Request<Vec<u8>>, kube::Error> {
         }
         (Call::Create(_, v), Some(sub)) => {
             req.create_subresource(sub, &t.name, &PostParams::default(), body(v)?)
+        }
+        (Call::DryRunCreate(_, v), None) => {
+            let pp = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            req.create(&pp, body(v)?)
+        }
+        (Call::DryRunCreate(_, v), Some(sub)) => {
+            let pp = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            req.create_subresource(sub, &t.name, &pp, body(v)?)
         }
         (Call::Replace(_, v), None) => req.replace(&t.name, &PostParams::default(), body(v)?),
         (Call::Replace(_, v), Some(sub)) => {

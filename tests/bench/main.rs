@@ -7,8 +7,9 @@
 //!
 //! Without `--qps`/`--burst` every workload runs at upstream's defaults (20/30) and `job-burst`
 //! and `cronjob-minutely` also at 200/400. Without `--pairs`: 1 pair for `cronjob-minutely`,
-//! `node-outage` and `idle-scale` (each run is minutes of real clock, most of it waiting for
-//! schedules, grace periods or the idle window), 3 for `job-burst` and `job-failures`. At 20/30 the
+//! `node-outage`, `idle-scale`, `sts-rollout` and `sts-scale` (each run is minutes of real clock,
+//! most of it waiting for schedules, grace periods, the idle window or a 20-qps client), 3 for
+//! `job-burst` and `job-failures`. At 20/30 the
 //! Job and CronJob workloads run both sides of a pair at once (`bench::side_by_side`).
 
 use anyhow::{Context, Result, bail};
@@ -34,7 +35,10 @@ fn plan(a: &Args) -> Vec<(&'static str, Profile, usize)> {
     let pairs = |w: &str| {
         // The long real-clock workloads run one pair unless told otherwise.
         a.pairs.unwrap_or(
-            if matches!(w, "cronjob-minutely" | "node-outage" | "idle-scale") {
+            if matches!(
+                w,
+                "cronjob-minutely" | "node-outage" | "idle-scale" | "sts-rollout" | "sts-scale"
+            ) {
                 1
             } else {
                 3

@@ -184,3 +184,21 @@ pub async fn write_status(
     body.status = Some(status.clone());
     w.replace_status(&body).await
 }
+
+/// ST-15: `template` as the API server defaults it: a dry-run PodTemplate create in
+/// `namespace` (nothing is stored).
+pub async fn defaulted_template(
+    w: &Writer,
+    namespace: &str,
+    template: Value,
+) -> Result<Value, kube::Error> {
+    let body = json!({
+        "apiVersion": "v1", "kind": "PodTemplate",
+        "metadata": {"generateName": "pilothouse-revision-defaults-"},
+        "template": template,
+    });
+    // Kept as JSON: a typed round trip could drop what the comparison must see.
+    let target = Target::of::<k8s_openapi::api::core::v1::PodTemplate>(namespace, "");
+    let created = w.call(Call::DryRunCreate(target, body)).await?;
+    Ok(created.get("template").cloned().unwrap_or(Value::Null))
+}

@@ -451,6 +451,17 @@ pub struct Decision {
     pub current: Current,
 }
 
+/// Upstream's bound on its semantic-comparison cache (an LRU of 10,000); ours is cleared
+/// when full.
+pub const SEMANTIC_CACHE_SIZE: usize = 10_000;
+
+/// The newest revision in ST-14 order.
+pub fn newest<'a, 'b>(existing: &'a [Existing<'b>]) -> Option<&'a Existing<'b>> {
+    existing
+        .iter()
+        .max_by(|a, b| (a.revision, a.created, a.name).cmp(&(b.revision, b.created, b.name)))
+}
+
 /// ST-14 order: `revision`, then `creationTimestamp`, then name (upstream byRevision, stable).
 pub fn sort_revisions(revisions: &mut [Existing<'_>]) {
     revisions.sort_by(|a, b| (a.revision, a.created, a.name).cmp(&(b.revision, b.created, b.name)));
@@ -589,6 +600,30 @@ pub fn semantically_equal(a: &Value, b: &Value) -> bool {
     go_json(&without_nulls(a)) == go_json(&without_nulls(b))
 }
 
+/// Whether `set_template` differs from `revision_template` only by members the revision lacks
+/// (recursively; arrays element by element, same length; `null` members count as absent):
+/// the only differences API-server defaulting can explain. When it holds, and only then, ST-15
+/// asks the API server to default the revision's template before comparing again, so a real
+/// template change never costs a request.
+pub fn differs_only_by_missing(revision_template: &Value, set_template: &Value) -> bool {
+    fn sub(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Object(x), Value::Object(y)) => {
+                x.iter().all(|(k, v)| y.get(k).is_some_and(|w| sub(v, w)))
+            }
+            (Value::Array(x), Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(v, w)| sub(v, w))
+            }
+            (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+            (x, y) => x == y,
+        }
+    }
+    sub(
+        &without_nulls(revision_template),
+        &without_nulls(set_template),
+    )
+}
+
 fn without_nulls(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
@@ -634,6 +669,28 @@ pub fn history_to_delete<'a>(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn st15_differs_only_by_missing() {
+        let served = json!({"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [
+            {"name": "c", "image": "nginx:1", "imagePullPolicy": "IfNotPresent"}],
+            "restartPolicy": "Always"}});
+        // A revision written before a default existed: only missing members.
+        let older = json!({"metadata": {"labels": {"app": "web"}, "creationTimestamp": null},
+            "spec": {"containers": [{"name": "c", "image": "nginx:1"}]}});
+        assert!(differs_only_by_missing(&older, &served));
+        assert!(differs_only_by_missing(&served, &served));
+        // A real change: no request is worth making.
+        let changed = json!({"metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c", "image": "nginx:2"}]}});
+        assert!(!differs_only_by_missing(&changed, &served));
+        // A member the set no longer has.
+        let removed = json!({"metadata": {"labels": {"app": "web", "old": "x"}}, "spec": {}});
+        assert!(!differs_only_by_missing(&removed, &served));
+        // A container more or fewer.
+        let two = json!({"spec": {"containers": [{"name": "c"}, {"name": "d"}]}});
+        assert!(!differs_only_by_missing(&two, &served));
+    }
 
     // Upstream fixtures (pkg/controller/statefulset/testdata, 1.37): a set's template as the
     // API server served it in 1.33 (with `creationTimestamp: null`) and in 1.34, and the data

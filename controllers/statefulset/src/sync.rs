@@ -44,6 +44,8 @@ pub struct StatefulSets {
     consistency: Consistency,
     /// B-7: the generation each set was last warned about, by UID.
     zero_grace_warned: Mutex<HashMap<String, i64>>,
+    /// ST-15: (set UID, generation, revision resourceVersion) → equal once defaulted.
+    defaulted_matches: Mutex<HashMap<(String, i64, String), bool>>,
 }
 
 use shared::lock;
@@ -109,6 +111,7 @@ impl StatefulSets {
             metrics,
             consistency: Consistency::new(),
             zero_grace_warned: Mutex::new(HashMap::new()),
+            defaulted_matches: Mutex::new(HashMap::new()),
         }
     }
 
@@ -294,6 +297,49 @@ impl StatefulSets {
         }
     }
 
+    /// ST-15: whether revision `name`'s template, defaulted by the API server (a dry-run
+    /// PodTemplate create in the set's namespace), is semantically the set's template. Asked
+    /// only when the two differ by members the revision lacks; answers cached per (set UID,
+    /// generation, revision resourceVersion), bounded as upstream's LRU. A failed dry run (e.g.
+    /// no `create podtemplates` permission) counts as "not equal": a new revision, as without
+    /// defaults.
+    async fn equal_once_defaulted(&self, set: &StatefulSet, revs: &Revisions, name: &str) -> bool {
+        let spec = set.spec();
+        let Some(template) = revs.template(name) else {
+            return false;
+        };
+        if !revision::differs_only_by_missing(&template, &spec.template) {
+            return false;
+        }
+        let rv = revs
+            .objects
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(name))
+            .and_then(|r| r.metadata.resource_version.clone())
+            .unwrap_or_default();
+        let key = (
+            set.uid().to_string(),
+            set.metadata.generation.unwrap_or(0),
+            rv,
+        );
+        if let Some(hit) = lock(&self.defaulted_matches).get(&key) {
+            return *hit;
+        }
+        let equal = match act::defaulted_template(&self.writer, set.namespace(), template).await {
+            Ok(t) => revision::semantically_equal(&t, &spec.template),
+            Err(e) => {
+                tracing::debug!(revision = name, error = %e, "could not default a revision's template");
+                return false;
+            }
+        };
+        let mut cache = lock(&self.defaulted_matches);
+        if cache.len() >= revision::SEMANTIC_CACHE_SIZE {
+            cache.clear();
+        }
+        cache.insert(key, equal);
+        equal
+    }
+
     /// ST-14 (upstream `getStatefulSetRevisions`): the current and update revisions, creating or
     /// rolling back to one as needed.
     async fn revisions(&self, key: &str, set: &StatefulSet) -> Result<Revs, Error> {
@@ -308,7 +354,7 @@ impl StatefulSets {
         let candidate = revision::patch_data(&spec.template);
         let status = set.status();
         let mut count = status.collision_count.unwrap_or(0);
-        let decision = revision::choose(
+        let mut decision = revision::choose(
             &existing,
             &candidate,
             count,
@@ -318,6 +364,21 @@ impl StatefulSets {
                     .is_some_and(|t| revision::semantically_equal(&t, &spec.template))
             },
         );
+        // ST-15 with defaults: a newest revision missing only members the set's (defaulted)
+        // template has, e.g. one written before the API server defaulted a new field, is
+        // compared again once the API server has defaulted it.
+        if matches!(decision.update, Update::Create { .. })
+            && let Some(newest) = revision::newest(&existing)
+            && self.equal_once_defaulted(set, &revs, newest.name).await
+        {
+            decision = revision::choose(
+                &existing,
+                &candidate,
+                count,
+                status.current_revision.as_deref(),
+                |_| true,
+            );
+        }
         let update = match decision.update {
             Update::Newest { name } | Update::SemanticMatch { name } => name,
             Update::Rollback { name, revision } => {

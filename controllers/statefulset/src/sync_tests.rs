@@ -217,3 +217,131 @@ async fn b6_an_invalid_opt_in_is_a_warning_naming_the_annotation() {
     );
     running.stop().await;
 }
+
+/// A revision written before the API server defaulted `imagePullPolicy`: its template lacks
+/// the member the set's (served, defaulted) template has.
+fn revision_without_a_default() -> ControllerRevision {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "ControllerRevision",
+        "metadata": {
+            "name": "web-older", "namespace": "ns", "uid": "uid-rev", "resourceVersion": "5",
+            "labels": {"app": "web", "controller.kubernetes.io/hash": "older"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
+                                 "uid": "uid-web", "controller": true, "blockOwnerDeletion": true}]
+        },
+        "data": {"spec": {"template": {"$patch": "replace",
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c", "image": "nginx:1", "resources": {}}]}}}},
+        "revision": 1
+    }))
+    .unwrap()
+}
+
+fn with_pull_policy(s: StatefulSet) -> StatefulSet {
+    let mut v = serde_json::to_value(s).unwrap();
+    v["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = json!("IfNotPresent");
+    serde_json::from_value(v).unwrap()
+}
+
+fn start_with_revision(kit: &Kit) -> Running {
+    let ctl = init(
+        StatefulSetOptions {
+            concurrent_statefulset_syncs: 5,
+        },
+        kit.setup(DECLARATION.name, DECLARATION.event_source),
+    )
+    .unwrap();
+    kit.seed(vec![with_pull_policy(set(1, "Parallel"))]);
+    kit.seed(Vec::<Pod>::new());
+    kit.seed(vec![revision_without_a_default()]);
+    kit.seed(Vec::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::new());
+    kit.start(ctl)
+}
+
+fn dry_runs(kit: &Kit) -> usize {
+    kit.api
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, Call::DryRunCreate(t, _) if t.plural == "podtemplates"))
+        .count()
+}
+
+/// ST-15 with defaults: the newest revision lacks only a member API-server defaulting adds; once
+/// the API server has defaulted it (a dry-run PodTemplate create), it is the set's template:
+/// reused, no new revision (no rollout).
+#[tokio::test(start_paused = true)]
+async fn st15_a_revision_missing_only_defaults_is_reused() {
+    let kit = Kit::new();
+    kit.api.default_dry_runs(|v| {
+        for c in v["template"]["spec"]["containers"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            c.as_object_mut()
+                .unwrap()
+                .entry("imagePullPolicy")
+                .or_insert(json!("IfNotPresent"));
+        }
+    });
+    let running = start_with_revision(&kit);
+    assert!(eventually(Duration::from_secs(1), || !status_writes(&kit).is_empty()).await);
+    assert!(creates(&kit, "controllerrevisions").is_empty());
+    assert_eq!(dry_runs(&kit), 1);
+    let status = status_writes(&kit).pop().unwrap();
+    assert_eq!(status["updateRevision"], "web-older");
+    assert_eq!(
+        creates(&kit, "pods")[0]["metadata"]["labels"]["controller-revision-hash"],
+        "web-older"
+    );
+    running.stop().await;
+}
+
+/// ST-15: when defaulting does not explain the difference, or the dry run fails (no
+/// `create podtemplates` permission), a new revision is created, as without defaults.
+#[tokio::test(start_paused = true)]
+async fn st15_without_matching_defaults_a_new_revision_is_created() {
+    for forbidden in [false, true] {
+        let kit = Kit::new();
+        if forbidden {
+            kit.api.fail("create", "podtemplates", 1, 403, "Forbidden");
+        }
+        let running = start_with_revision(&kit);
+        assert!(
+            eventually(Duration::from_secs(1), || {
+                creates(&kit, "controllerrevisions").len() == 1
+            })
+            .await
+        );
+        assert_eq!(dry_runs(&kit), 1);
+        running.stop().await;
+    }
+}
+
+/// ST-15: a real template change is not worth a request: no dry run.
+#[tokio::test(start_paused = true)]
+async fn st15_a_changed_template_costs_no_request() {
+    let kit = Kit::new();
+    let ctl = init(
+        StatefulSetOptions {
+            concurrent_statefulset_syncs: 5,
+        },
+        kit.setup(DECLARATION.name, DECLARATION.event_source),
+    )
+    .unwrap();
+    let mut v = serde_json::to_value(with_pull_policy(set(1, "Parallel"))).unwrap();
+    v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    kit.seed(vec![serde_json::from_value::<StatefulSet>(v).unwrap()]);
+    kit.seed(Vec::<Pod>::new());
+    kit.seed(vec![revision_without_a_default()]);
+    kit.seed(Vec::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::new());
+    let running = kit.start(ctl);
+    assert!(
+        eventually(Duration::from_secs(1), || {
+            creates(&kit, "controllerrevisions").len() == 1
+        })
+        .await
+    );
+    assert_eq!(dry_runs(&kit), 0);
+    running.stop().await;
+}
