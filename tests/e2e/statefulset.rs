@@ -562,9 +562,9 @@ async fn s12_adoption() -> Result<()> {
     Ok(())
 }
 
-/// S10 (retention, ST-32..ST-34; claims stay Pending here, which the controller does not wait
-/// for under Parallel): claims precede their pods with the template's and the selector's labels
-/// and no owner under Retain; whenScaled Delete gives a condemned pod's claims a reference to
+/// S10 (retention, ST-32..ST-34): claims precede their pods with the template's and the
+/// selector's labels and no owner under Retain, bind (the test provisioner) and their pods turn
+/// Ready; a deleted pod returns on the same claim; whenScaled Delete gives a condemned pod's claims a reference to
 /// it before it goes, so they go with it; whenDeleted Delete gives in-range claims a reference
 /// to the set.
 async fn s10_claim_retention() -> Result<()> {
@@ -612,12 +612,41 @@ async fn s10_claim_retention() -> Result<()> {
             owners(&c)
         );
         let pod = n.pods.get(&format!("web-{i}")).await?;
+        ensure!(
+            c.metadata.creation_timestamp <= pod.metadata.creation_timestamp,
+            "data-web-{i} was created after its pod"
+        );
         let vols = serde_json::to_value(pod.spec.unwrap_or_default().volumes)?;
         ensure!(
             vols.to_string().contains(&format!("data-web-{i}")),
             "web-{i} volumes {vols}"
         );
     }
+    // The test provisioner binds the claims: the pods schedule and turn Ready.
+    n.until_status("web", "3 ready on bound claims", 60, |s| {
+        s["readyReplicas"].as_i64() == Some(3)
+    })
+    .await?;
+    for c in claims.list(&ListParams::default()).await?.items {
+        let phase = c.status.and_then(|s| s.phase);
+        ensure!(
+            phase.as_deref() == Some("Bound"),
+            "{:?} {phase:?}",
+            c.metadata.name
+        );
+    }
+    // Deleting a pod keeps its claim: web-0 returns on the same one.
+    let claim0 = claims.get("data-web-0").await?.metadata.uid;
+    let pod0 = n.pods.get("web-0").await?.metadata.uid;
+    n.pods.delete("web-0", &DeleteParams::default()).await?;
+    n.until_pod("web-0", "replaced and ready", |v| {
+        Some(&v.uid) != pod0.as_ref() && v.ready_since.is_some()
+    })
+    .await?;
+    ensure!(
+        claims.get("data-web-0").await?.metadata.uid == claim0,
+        "data-web-0 was replaced with its pod"
+    );
     // Scale to 1: data-web-1 and -2 get a reference to their pod, and go with it.
     n.patch_spec("web", json!({"replicas": 1})).await?;
     wait::until(
@@ -1132,7 +1161,9 @@ async fn s13_start_ordinal() -> Result<()> {
     );
     n.patch_spec("web", json!({"ordinals": {"start": 6}}))
         .await?;
-    let web8_ready_first = std::cell::Cell::new(false);
+    // web-5 is deleted only once web-8 is Ready, and readiness does not flip back: whenever
+    // web-5 is seen going, web-8 must be Ready.
+    let violation = std::cell::RefCell::new(None);
     wait::until(
         "web-5 gone",
         Duration::from_secs(120),
@@ -1143,16 +1174,17 @@ async fn s13_start_ordinal() -> Result<()> {
             let web8_ready = views
                 .iter()
                 .any(|v| v.name == "web-8" && v.ready_since.is_some());
-            if web5.is_some_and(|v| !v.deleting) && web8_ready {
-                web8_ready_first.set(true);
-            }
-            if web5.is_none_or(|v| v.deleting) && !web8_ready_first.get() {
-                anyhow::bail!("web-5 went before web-8 was Ready: {views:#?}");
+            if web5.is_none_or(|v| v.deleting) && !web8_ready {
+                *violation.borrow_mut() = Some(format!("{views:#?}"));
+                return Ok(Some(()));
             }
             Ok(web5.is_none().then_some(()))
         },
     )
     .await?;
+    if let Some(v) = violation.into_inner() {
+        anyhow::bail!("web-5 went before web-8 was Ready: {v}");
+    }
     n.until_status("web", "3 ready at 6..8", 60, |s| {
         s["replicas"].as_i64() == Some(3) && s["readyReplicas"].as_i64() == Some(3)
     })
@@ -1305,6 +1337,48 @@ async fn s16_quota() -> Result<()> {
     Ok(())
 }
 
+/// ST-15 with defaults (B-2): an orphan revision written before the API server defaulted some
+/// fields (its template lacks `imagePullPolicy`, `terminationMessagePath`, ...) is adopted and,
+/// once the API server has defaulted it (a dry-run PodTemplate create the shipped RBAC allows),
+/// reused for the set whose template it is: no new revision.
+async fn st15_revision_missing_defaults_is_reused() -> Result<()> {
+    let n = ns("st15").await?;
+    let template = json!({
+        "metadata": {"labels": {"app": "web"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "c", "image": "nginx:1"}]
+        }
+    });
+    let mut data = json!({"spec": {"template": template.clone()}});
+    data["spec"]["template"]["$patch"] = json!("replace");
+    n.revisions
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web-written-long-ago",
+                             "labels": {"app": "web", "controller.kubernetes.io/hash": "written-long-ago"}},
+                "data": data,
+                "revision": 1
+            }))?,
+        )
+        .await?;
+    n.create(&set("web", 2, json!({"template": template}))?)
+        .await?;
+    let s = n.until_status("web", "2 ready", 60, all_ready(2)).await?;
+    ensure!(
+        s["updateRevision"] == "web-written-long-ago",
+        "a new revision for an unchanged template: {s}"
+    );
+    let revs = n.revision_names("web").await?;
+    ensure!(
+        revs == [("web-written-long-ago".to_string(), 1)],
+        "{revs:?}"
+    );
+    Ok(())
+}
+
 fn main() -> ! {
     let trials = vec![
         trial("s1_ordered", s1_ordered),
@@ -1339,6 +1413,10 @@ fn main() -> ! {
         trial("s13_start_ordinal", s13_start_ordinal),
         trial("s15_min_ready_seconds", s15_min_ready_seconds),
         trial("s16_quota", s16_quota),
+        trial(
+            "st15_revision_missing_defaults_is_reused",
+            st15_revision_missing_defaults_is_reused,
+        ),
     ];
     pilothouse_tests::harness::main(
         "statefulset",

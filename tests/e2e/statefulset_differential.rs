@@ -18,7 +18,7 @@ use libtest_mimic::Arguments;
 use pilothouse_tests::Pilothouse;
 use pilothouse_tests::cluster::{Cluster, ClusterOptions};
 use pilothouse_tests::harness::trial;
-use pilothouse_tests::{k8s, unique, wait};
+use pilothouse_tests::{k8s, provisioner, unique, wait};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -228,21 +228,23 @@ async fn run(client: Client) -> Result<Vec<(String, Snapshot)>> {
     )
     .await?;
     k8s::wait_service_account(&client, NS).await?;
-    let (a, b, c, d) = tokio::join!(
+    let (a, b, c, d, e) = tokio::join!(
         rollouts(client.clone()),
         halt_and_burst(client.clone()),
         claims(client.clone()),
-        adoption(client.clone())
+        adoption(client.clone()),
+        defaults(client.clone())
     );
     let mut out = a.context("S1, S3, S8, S9")?;
     out.extend(b.context("S1 halt, S2")?);
     out.extend(c.context("S10")?);
     out.extend(d.context("S12")?);
+    out.extend(e.context("ST-15")?);
     // Events are written asynchronously (upstream's recorder queues them behind the
     // controller-manager's shared client budget): compare them once everything has settled.
     tokio::time::sleep(Duration::from_secs(5)).await;
     for name in [
-        "ordered", "part", "ondelete", "history", "halt", "burst", "claims", "adopt",
+        "ordered", "part", "ondelete", "history", "halt", "burst", "claims", "adopt", "defaults",
     ] {
         out.push(events_checkpoint(&client, name).await?);
     }
@@ -400,8 +402,8 @@ async fn claims(client: Client) -> Result<Vec<(String, Snapshot)>> {
                }]}),
     )
     .await?;
-    until(&client, "claims", "3 pods", |s| {
-        s["replicas"].as_i64() == Some(3)
+    until(&client, "claims", "3 pods ready on bound claims", |s| {
+        s["readyReplicas"].as_i64() == Some(3)
     })
     .await?;
     wait::until(
@@ -561,6 +563,34 @@ async fn adoption(client: Client) -> Result<Vec<(String, Snapshot)>> {
     Ok(out)
 }
 
+/// ST-15 (B-2): an orphan revision whose template lacks the fields the API server defaults
+/// (as one written by an older release would) is adopted and reused for the set whose template
+/// it is, once defaulted: no new revision on either side.
+async fn defaults(client: Client) -> Result<Vec<(String, Snapshot)>> {
+    let template = set("defaults", 1, json!({}))["spec"]["template"].clone();
+    let mut data = json!({"spec": {"template": template}});
+    data["spec"]["template"]["$patch"] = json!("replace");
+    let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), NS);
+    revisions
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "defaults-written-long-ago",
+                             "labels": {"app": "defaults", "tier": "web",
+                                        "controller.kubernetes.io/hash": "written-long-ago"}},
+                "data": data,
+                "revision": 1
+            }))?,
+        )
+        .await?;
+    create_set(&client, "defaults", 2, json!({})).await?;
+    until(&client, "defaults", "2 ready", complete(2)).await?;
+    Ok(vec![(
+        "defaults reused".into(),
+        snapshot(&client, "defaults").await?,
+    )])
+}
+
 /// S1, S3, S8, S9.
 async fn rollouts(client: Client) -> Result<Vec<(String, Snapshot)>> {
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
@@ -706,6 +736,14 @@ async fn differential() -> Result<()> {
     )?;
     ph.wait_log("starting controller", Duration::from_secs(60))
         .await?;
+    // Claims bind on both planes (S10's pods run), as in the e2e suites.
+    let storage = [
+        provisioner::start(reference.client().await?),
+        provisioner::start(ours.client().await?),
+    ];
+    for p in &storage {
+        anyhow::ensure!(p.ready().await, "the test provisioner did not start");
+    }
     let (r, o) = tokio::join!(run(reference.client().await?), run(ours.client().await?));
     let r = r.context("upstream run")?;
     let o = o.context("pilothouse run")?;

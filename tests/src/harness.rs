@@ -84,7 +84,10 @@ pub fn main(
         .build()
         .expect("runtime");
     if !args.list {
-        match Cluster::up(&format!("{suite}-{}", std::process::id()), opts) {
+        // Claims (StatefulSet volumeClaimTemplates) bind through an in-process provisioner.
+        let up = Cluster::up(&format!("{suite}-{}", std::process::id()), opts)
+            .and_then(|c| crate::provisioner::start_for_suite(&rt, &c).map(|()| c));
+        match up {
             Ok(c) => {
                 let _ = CLUSTER.set(c);
             }

@@ -12,8 +12,10 @@ pub mod heartbeat;
 pub mod jobs;
 pub mod k8s;
 pub mod pilothouse;
+pub mod provisioner;
 pub mod proxy;
 pub mod wait;
+pub mod watch_delay;
 pub mod webhook;
 
 pub use cluster::Cluster;

@@ -685,14 +685,15 @@ impl StatefulSets {
     }
 
     /// ST-34/ST-35 (upstream `UpdatePodClaimForRetentionPolicy`): each cached claim of the
-    /// pod's ordinal gets the owner references its policy asks for.
+    /// pod's ordinal gets the owner references its policy asks for. Whether any claim changed.
     pub(crate) async fn fix_claim_refs(
         &self,
         key: &str,
         set: &StatefulSet,
         pod_name: &str,
         pod_uid: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
+        let mut changed = false;
         let ordinal = identity::ordinal(pod_name);
         for t in set.claim_template_names() {
             let name = identity::claim_name(t, set.name(), ordinal);
@@ -723,8 +724,9 @@ impl StatefulSets {
                 "persistentvolumeclaims",
                 updated.metadata.resource_version.as_deref(),
             );
+            changed = true;
         }
-        Ok(())
+        Ok(changed)
     }
 
     /// ST-19 (b), ST-43 (upstream `CreateStatefulPod`): claims, then the pod, then the claims'
@@ -749,7 +751,7 @@ impl StatefulSets {
             Ok(created) => {
                 self.wrote(key, "pods", created.metadata.resource_version.as_deref());
                 let uid = created.metadata.uid.clone().unwrap_or_default();
-                if let Err(e) = self.fix_claim_refs(key, set, &name, &uid).await {
+                if let Err(e) = self.fix_claim_refs(key, set, &name, &uid).await.map(|_| ()) {
                     if let Error::Api(f) = &e {
                         self.pod_event(set, "update", &name, Some(&f.source));
                     }
@@ -1139,19 +1141,33 @@ impl StatefulSets {
                     .get(&format!("{}/{name}", set.namespace()))
                     .and_then(|p| p.metadata.uid.clone())
                     .unwrap_or_default();
-                self.fix_claim_refs(key, set, &name, &uid).await
+                self.fix_claim_refs(key, set, &name, &uid).await.map(|_| ())
             }
+            // Upstream `UpdateStatefulPod`: the claims' references, then the pod's identity, and
+            // one "update" event about the pod when anything was changed or failed.
             Action::Repair { name } => {
                 let pod = self.c.pods.get(&format!("{}/{name}", set.namespace()));
                 let identity_ok = pod.as_ref().is_some_and(|p| {
                     identity::identity_matches(set, p) && identity::storage_matches(set, p)
                 });
+                let uid = pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
+                let claims_changed = match self.fix_claim_refs(key, set, name, &uid).await {
+                    Ok(changed) => changed,
+                    Err(e) => {
+                        if let Error::Api(f) = &e {
+                            self.pod_event(set, "update", name, Some(&f.source));
+                        }
+                        return Err(e);
+                    }
+                };
                 if !identity_ok {
                     self.repair_pod(key, set, name).await?;
+                } else if claims_changed {
+                    self.pod_event(set, "update", name, None);
                 }
-                let uid = pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
-                self.fix_claim_refs(key, set, name, &uid).await
+                Ok(())
             }
+            // Upstream `processCondemned`: no event.
             Action::FixClaimRefs { name } => {
                 let uid = self
                     .c
@@ -1159,7 +1175,7 @@ impl StatefulSets {
                     .get(&format!("{}/{name}", set.namespace()))
                     .and_then(|p| p.metadata.uid.clone())
                     .unwrap_or_default();
-                self.fix_claim_refs(key, set, name, &uid).await
+                self.fix_claim_refs(key, set, name, &uid).await.map(|_| ())
             }
             Action::DeletePod { name, .. } => self.delete_pod(key, set, name).await,
         }
