@@ -18,6 +18,7 @@ use libtest_mimic::Arguments;
 use pilothouse_tests::Pilothouse;
 use pilothouse_tests::cluster::{Cluster, ClusterOptions};
 use pilothouse_tests::harness::trial;
+use pilothouse_tests::watch_delay::WatchDelay;
 use pilothouse_tests::{k8s, provisioner, unique, wait};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -942,11 +943,174 @@ async fn s14_takeover() -> Result<()> {
     Ok(())
 }
 
+/// S17 (ST-44, B-8): Pilothouse's pod watch runs 5 s late (a proxy between it and the API
+/// server delays every pod watch event) through S2 (a Parallel burst, then scale to 0) and S3
+/// (a partitioned rollout, then the rest): each pod is created and deleted once per step —
+/// no create answered AlreadyExists, no delete answered NotFound, no extra writes — and the
+/// stale-cache counter shows syncs held back.
+async fn s17_stale_cache() -> Result<()> {
+    let cluster = Cluster::up(
+        &unique("s17"),
+        ClusterOptions {
+            replace: Some(vec!["statefulset-controller"]),
+            ..Default::default()
+        },
+    )?;
+    let client = cluster.client().await?;
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+    )
+    .await?;
+    k8s::wait_service_account(&client, NS).await?;
+    let delay = WatchDelay::start(&cluster, &["pods"]).await?;
+    let kubeconfig = delay.kubeconfig(
+        &cluster.pilothouse_service_account_kubeconfig()?,
+        "s17-delayed",
+    )?;
+    let ph = Pilothouse::spawn(
+        "s17-pilothouse",
+        &kubeconfig,
+        &cluster.dir,
+        &["--controllers=statefulset-controller".to_string()],
+    )?;
+    ph.wait_log("starting controller", Duration::from_secs(60))
+        .await?;
+    // The caches are filled: from now on every pod event reaches Pilothouse 5 s late.
+    delay.set_delay(Duration::from_secs(5));
+    let since = k8s_openapi::jiff::Timestamp::now();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    // S2.
+    create_set(
+        &client,
+        "burst",
+        5,
+        json!({"podManagementPolicy": "Parallel"}),
+    )
+    .await?;
+    until(&client, "burst", "5 ready", complete(5)).await?;
+    patch(&client, "burst", json!({"replicas": 0})).await?;
+    wait::until(
+        "burst pods gone",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || async {
+            Ok(pods
+                .list(&ListParams::default().labels("app=burst"))
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        },
+    )
+    .await?;
+    // S3.
+    create_set(
+        &client,
+        "part",
+        5,
+        json!({"podManagementPolicy": "Parallel",
+               "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 3}}}),
+    )
+    .await?;
+    until(&client, "part", "5 ready", complete(5)).await?;
+    patch(&client, "part", image("2")).await?;
+    until(&client, "part", "2 updated", |s| {
+        s["updatedReplicas"].as_i64() == Some(2) && s["readyReplicas"].as_i64() == Some(5)
+    })
+    .await?;
+    patch(
+        &client,
+        "part",
+        json!({"updateStrategy": {"rollingUpdate": {"partition": 0}}}),
+    )
+    .await?;
+    until(&client, "part", "rolled out", |s| {
+        complete(5)(s) && s["observedGeneration"].as_i64() == Some(3)
+    })
+    .await?;
+    let stats = delay.stats();
+    let skips = ph
+        .metric("statefulset_controller_stale_sync_skips_total{group=\"\",resource=\"pods\"}")
+        .await?
+        .unwrap_or(0.0);
+    // The audit log is written in batches.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let user = "system:serviceaccount:kube-system:pilothouse";
+    let mut writes: std::collections::BTreeMap<(String, String), Vec<u16>> = Default::default();
+    for e in pilothouse_tests::audit::read(&cluster.audit_log())? {
+        let Some(o) = &e.object_ref else { continue };
+        if e.stage != "ResponseComplete"
+            || e.user.username != user
+            || o.resource != "pods"
+            || o.namespace != NS
+            || !matches!(e.verb.as_str(), "create" | "delete")
+            || e.received().is_none_or(|t| t < since)
+        {
+            continue;
+        }
+        // A create's name is in its body, not its URI: the audit's objectRef has it.
+        let code = e.response_status.as_ref().and_then(|r| r.code).unwrap_or(0);
+        writes
+            .entry((e.verb.clone(), o.name.clone()))
+            .or_default()
+            .push(code);
+    }
+    let count = |verb: &str, name: &str| {
+        writes
+            .get(&(verb.to_string(), name.to_string()))
+            .map_or(0, Vec::len)
+    };
+    let mut problems = Vec::new();
+    for ((verb, name), codes) in &writes {
+        if codes.iter().any(|c| !(200..300).contains(c)) {
+            problems.push(format!("{verb} {name}: {codes:?}"));
+        }
+    }
+    for i in 0..5 {
+        let b = format!("burst-{i}");
+        if (count("create", &b), count("delete", &b)) != (1, 1) {
+            problems.push(format!(
+                "{b}: {} creates, {} deletes",
+                count("create", &b),
+                count("delete", &b)
+            ));
+        }
+        // Created, then replaced once by the rollout.
+        let p = format!("part-{i}");
+        if (count("create", &p), count("delete", &p)) != (2, 1) {
+            problems.push(format!(
+                "{p}: {} creates, {} deletes",
+                count("create", &p),
+                count("delete", &p)
+            ));
+        }
+    }
+    println!(
+        "S17: pod watch delayed 5 s ({} delayed watches, {} chunks delayed); stale-cache skips {skips}; pod writes {writes:?}",
+        stats.delayed_watches, stats.chunks_delayed
+    );
+    drop(ph);
+    drop(delay);
+    drop(cluster);
+    if !problems.is_empty() {
+        bail!("double or failed pod writes under a late pod watch: {problems:?}");
+    }
+    anyhow::ensure!(
+        stats.chunks_delayed > 0,
+        "the proxy delayed nothing: the scenario did not run late"
+    );
+    anyhow::ensure!(skips > 0.0, "no sync was held back for a stale cache");
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
         trial("differential_statefulsets", || Box::pin(differential())),
         trial("s14_takeover", || Box::pin(s14_takeover())),
+        trial("s17_stale_cache", || Box::pin(s17_stale_cache())),
     ];
     libtest_mimic::run(&args, trials).exit()
 }

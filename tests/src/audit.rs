@@ -20,6 +20,15 @@ pub struct AuditEvent {
     pub request_received_timestamp: String,
     #[serde(default)]
     pub user: UserInfo,
+    /// The answer's status (absent at the RequestReceived stage).
+    #[serde(default)]
+    pub response_status: Option<ResponseStatus>,
+}
+
+#[derive(Debug, Deserialize, Clone, Default)]
+pub struct ResponseStatus {
+    #[serde(default)]
+    pub code: Option<u16>,
 }
 
 #[derive(Debug, Deserialize, Clone, Default)]
