@@ -1379,6 +1379,88 @@ async fn st15_revision_missing_defaults_is_reused() -> Result<()> {
     Ok(())
 }
 
+/// S9 (ST-11, ST-12, ST-17): revisionHistoryLimit 2 over 8 rollouts → at most 2 revisions besides
+/// the live one, numbered in order, each shaped as upstream's: the template under
+/// `spec.template` with `$patch: replace`, the selector's and template's labels, the hash label,
+/// the set as controller; every pod (ST-7) at the live revision.
+async fn s9_history() -> Result<()> {
+    let n = ns("s9").await?;
+    n.create(&set(
+        "web",
+        2,
+        json!({"podManagementPolicy": "Parallel", "revisionHistoryLimit": 2}),
+    )?)
+    .await?;
+    n.until_status("web", "2 ready", 60, all_ready(2)).await?;
+    for tag in 2..=9 {
+        n.patch_spec(
+            "web",
+            json!({"template": {"spec": {"containers": [{"name": "c", "image": format!("nginx:{tag}")}]}}}),
+        )
+        .await?;
+        let generation = i64::from(tag);
+        n.until_status("web", "rolled out", 90, move |s| {
+            all_ready(2)(s) && s["observedGeneration"].as_i64() == Some(generation)
+        })
+        .await?;
+    }
+    let s = n.status("web").await?;
+    let live = s["updateRevision"].as_str().unwrap_or_default().to_string();
+    // History is cut after the sync that rolled out: give it one more pass.
+    let revisions = wait::until(
+        "history cut to 2",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let r = n
+                .revisions
+                .list(&ListParams::default().labels("app=web"))
+                .await?
+                .items;
+            Ok((r.len() <= 3).then_some(r))
+        },
+    )
+    .await?;
+    let mut numbers: Vec<i64> = revisions.iter().filter_map(|r| r.revision).collect();
+    numbers.sort();
+    ensure!(numbers == [7, 8, 9], "revision numbers {numbers:?}");
+    for r in &revisions {
+        let name = r.metadata.name.clone().unwrap_or_default();
+        let labels = r.metadata.labels.clone().unwrap_or_default();
+        let hash = labels
+            .get("controller.kubernetes.io/hash")
+            .cloned()
+            .unwrap_or_default();
+        ensure!(name == format!("web-{hash}"), "{name} vs hash label {hash}");
+        ensure!(
+            labels.get("app").map(String::as_str) == Some("web"),
+            "{labels:?}"
+        );
+        let owner = r
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true));
+        ensure!(
+            owner.is_some_and(|o| o.kind == "StatefulSet" && o.name == "web"),
+            "{name}: owner {owner:?}"
+        );
+        let data = &r.data.0;
+        ensure!(
+            data["spec"]["template"]["$patch"] == "replace"
+                && data["spec"].as_object().is_some_and(|m| m.len() == 1),
+            "{name}: data {data}"
+        );
+    }
+    let pods = n.pods_of("web").await?;
+    ensure!(
+        pods.iter().all(|p| p.1 == live),
+        "pods not at the live revision {live}: {pods:?}"
+    );
+    Ok(())
+}
+
 fn main() -> ! {
     let trials = vec![
         trial("s1_ordered", s1_ordered),
@@ -1413,6 +1495,7 @@ fn main() -> ! {
         trial("s13_start_ordinal", s13_start_ordinal),
         trial("s15_min_ready_seconds", s15_min_ready_seconds),
         trial("s16_quota", s16_quota),
+        trial("s9_history", s9_history),
         trial(
             "st15_revision_missing_defaults_is_reused",
             st15_revision_missing_defaults_is_reused,
