@@ -860,11 +860,11 @@ async fn handover_state(client: &Client) -> Result<(Vec<String>, Vec<String>, Ve
     Ok((p, r, st))
 }
 
-/// S14 (B-2, ST-16): sets rolled by upstream kube-controller-manager 1.37, handed to Pilothouse
-/// and back: zero pod deletions (same UIDs), zero new revisions, status unchanged.
-async fn s14_takeover() -> Result<()> {
+/// A control plane of a scenario's own, without kube-controller-manager's StatefulSet
+/// controller, and a client with the namespace ready.
+async fn own_plane(name: &str) -> Result<(Cluster, Client)> {
     let cluster = Cluster::up(
-        &unique("s14"),
+        &unique(name),
         ClusterOptions {
             replace: Some(vec!["statefulset-controller"]),
             ..Default::default()
@@ -878,6 +878,13 @@ async fn s14_takeover() -> Result<()> {
     )
     .await?;
     k8s::wait_service_account(&client, NS).await?;
+    Ok((cluster, client))
+}
+
+/// S14 (B-2, ST-16): sets rolled by upstream kube-controller-manager 1.37, handed to Pilothouse
+/// and back: zero pod deletions (same UIDs), zero new revisions, status unchanged.
+async fn s14_takeover() -> Result<()> {
+    let (cluster, client) = own_plane("s14").await?;
     let upstream = upstream_statefulset_controller(&cluster, "kcm-statefulset-1")?;
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
     sets.create(
@@ -949,21 +956,7 @@ async fn s14_takeover() -> Result<()> {
 /// no create answered AlreadyExists, no delete answered NotFound, no extra writes — and the
 /// stale-cache counter shows syncs held back.
 async fn s17_stale_cache() -> Result<()> {
-    let cluster = Cluster::up(
-        &unique("s17"),
-        ClusterOptions {
-            replace: Some(vec!["statefulset-controller"]),
-            ..Default::default()
-        },
-    )?;
-    let client = cluster.client().await?;
-    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
-    )
-    .await?;
-    k8s::wait_service_account(&client, NS).await?;
+    let (cluster, client) = own_plane("s17").await?;
     let delay = WatchDelay::start(&cluster, &["pods"]).await?;
     let kubeconfig = delay.kubeconfig(
         &cluster.pilothouse_service_account_kubeconfig()?,

@@ -131,14 +131,33 @@ pub async fn rollout(client: &Client, ns: &str, scale: f64) -> Result<Outcome> {
     }
     let series = converge(start, n, TIMEOUT, || count_rolled(&sets, "nginx:2")).await?;
     let rolled_out = rollout_start.elapsed().as_secs_f64();
+    outcome(
+        &sets,
+        start,
+        since,
+        series,
+        [
+            ("created and Ready in (s)", created),
+            ("rolled out in (s)", rolled_out),
+        ],
+    )
+    .await
+}
+
+/// Both workloads run two phases: converged at the end of the second, each phase's length
+/// reported beside it.
+async fn outcome(
+    sets: &Api<StatefulSet>,
+    start: Instant,
+    since: k8s_openapi::jiff::Timestamp,
+    series: Vec<(f64, usize)>,
+    phases: [(&str, f64); 2],
+) -> Result<Outcome> {
     Ok(Outcome {
         converge_seconds: start.elapsed().as_secs_f64(),
         series,
-        state: digest(&sets).await?,
-        extra: BTreeMap::from([
-            ("created and Ready in (s)".to_string(), created),
-            ("rolled out in (s)".to_string(), rolled_out),
-        ]),
+        state: digest(sets).await?,
+        extra: phases.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         since,
         cpu_seconds: None,
     })
@@ -180,7 +199,7 @@ pub async fn scale_up_and_down(client: &Client, ns: &str, scale: f64) -> Result<
         }
         // The status says 0: the pods themselves must be gone too.
         let live = pods.list(&ListParams::default()).await?.items.len();
-        Ok(2 * replicas - live)
+        Ok((2 * replicas).saturating_sub(live))
     };
     series.extend(
         converge(start, 2 * replicas, TIMEOUT, left)
@@ -189,15 +208,15 @@ pub async fn scale_up_and_down(client: &Client, ns: &str, scale: f64) -> Result<
             .skip(1),
     );
     let scaled_down = down_start.elapsed().as_secs_f64();
-    Ok(Outcome {
-        converge_seconds: start.elapsed().as_secs_f64(),
-        series,
-        state: digest(&sets).await?,
-        extra: BTreeMap::from([
-            ("created and Ready in (s)".to_string(), created),
-            ("scaled to 0 and gone in (s)".to_string(), scaled_down),
-        ]),
+    outcome(
+        &sets,
+        start,
         since,
-        cpu_seconds: None,
-    })
+        series,
+        [
+            ("created and Ready in (s)", created),
+            ("scaled to 0 and gone in (s)", scaled_down),
+        ],
+    )
+    .await
 }
