@@ -238,29 +238,33 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
     let mut slots: Vec<Slot<'_>> = Vec::new();
     let mut missing = 0usize;
     let mut beyond = 0i64;
-    for i in 0..replicas {
-        let Some(ord) = start.checked_add(i) else {
-            break;
-        };
-        match by_ordinal.get(&ord) {
+    // Ordinals that fit in an i32 (a start near i32::MAX leaves fewer than `replicas`).
+    let last = end.min(i64::from(i32::MAX));
+    let mut ord = i64::from(start);
+    while ord <= last {
+        let o = ord as i32; // start ≤ ord ≤ i32::MAX
+        match by_ordinal.get(&o) {
             Some(p) => slots.push(Slot::Pod(p)),
             None if missing < MAX_MISSING => {
                 missing += 1;
                 slots.push(Slot::Missing {
-                    ordinal: ord,
-                    which: which_revision(set, ord),
+                    ordinal: o,
+                    which: which_revision(set, o),
                 });
             }
             None => {
-                if by_ordinal.range(ord..).next().is_none() {
-                    // Only missing slots are left: count them without visiting them.
-                    let fitting = (i64::from(i32::MAX) - i64::from(ord) + 1).max(0);
-                    beyond += fitting.min(i64::from(replicas - i));
-                    break;
-                }
-                beyond += 1;
+                // The budget is spent: count the gap up to the next pod (or the end) at once
+                // rather than step through up to two billion ordinals.
+                let next = by_ordinal
+                    .range(o..)
+                    .next()
+                    .map_or(last + 1, |(n, _)| i64::from(*n));
+                beyond += next - ord;
+                ord = next;
+                continue;
             }
         }
+        ord += 1;
     }
     // ST-18: the first unavailable slot, else the lowest-ordinal unavailable condemned pod.
     let first_unavailable: Option<&str> = slots
@@ -458,8 +462,23 @@ fn process_replica(
     (actions, false)
 }
 
+/// B-6 replaces only what a rolling update may replace: nothing under OnDelete (ST-31), nothing
+/// below the partition (ST-26; such a pod would return at the current revision, still old, and
+/// be replaced again every period).
+fn b6_may_replace(set: &SetView, p: &PodView) -> bool {
+    let index = i64::from(p.ordinal) - i64::from(set.start);
+    match &set.strategy {
+        Strategy::RollingUpdate { partition, .. } => index >= i64::from((*partition).max(0)),
+        Strategy::RollingUpdateBare => true,
+        Strategy::OnDelete => false,
+    }
+}
+
 /// B-6: whether `p` has been unready longer than the set's opt-in limit.
 fn overdue(set: &SetView, p: &PodView, now: Timestamp) -> bool {
+    if !b6_may_replace(set, p) {
+        return false;
+    }
     let (Some(limit), Some(since)) = (set.replace_unavailable_after, p.unready_since) else {
         return false;
     };
@@ -515,13 +534,20 @@ fn update_step(
         return vec![];
     }
     // Indices from the top down to the partition (nothing below it is deleted, ST-26).
+    // A slot's index is its ordinal's distance from the start (slots may skip missing ones).
+    let index = |s: &Slot<'_>| {
+        let ordinal = match s {
+            Slot::Pod(p) => p.ordinal,
+            Slot::Missing { ordinal, .. } => *ordinal,
+        };
+        i64::from(ordinal) - i64::from(set.start)
+    };
     let targets = || {
         slots
             .iter()
-            .enumerate()
             .rev()
-            .take_while(move |(i, _)| *i as i64 >= i64::from(partition))
-            .filter_map(|(_, s)| pod(s).map(|p| (s, p)))
+            .take_while(move |s| index(s) >= i64::from(partition))
+            .filter_map(|s| pod(s).map(|p| (s, p)))
     };
     let mut out = Vec::new();
     let delete = |p: &PodView| Action::DeletePod {
@@ -566,6 +592,7 @@ fn overdue_at(set: &SetView, pods: &[PodView], now: Timestamp) -> Option<Duratio
     let limit = SignedDuration::try_from(set.replace_unavailable_after?).ok()?;
     pods.iter()
         .filter(|p| !p.ready && !p.terminating && p.revision != set.update_revision)
+        .filter(|p| b6_may_replace(set, p))
         .filter_map(|p| p.unready_since?.checked_add(limit).ok())
         .filter(|at| *at > now)
         .map(|at| {
@@ -849,6 +876,13 @@ mod tests {
         );
         s.replace_unavailable_after = Some(Duration::from_secs(300));
         assert_eq!(deleted(&plan(&s, &pods, now())), ["web-1"]);
+        // Not below the partition (it would come back old, and go again), not under OnDelete.
+        s.strategy = rolling(2, None);
+        let p = plan(&s, &pods, now());
+        assert!(deleted(&p).is_empty() && p.requeue_after.is_none(), "{p:?}");
+        s.strategy = Strategy::OnDelete;
+        assert!(deleted(&plan(&s, &pods, now())).is_empty());
+        s.strategy = rolling(0, None);
         // A new-revision pod that is unready is never replaced by it.
         let pods = [pod(0, "new", true), pod(1, "new", false)];
         assert!(deleted(&plan(&s, &pods, now())).is_empty());
@@ -872,5 +906,16 @@ mod tests {
         let mut s = set(-5, Management::OrderedReady, rolling(-3, None));
         s.start = -7;
         let _ = plan(&s, &[pod(0, "old", true)], now());
+    }
+
+    /// Two billion replicas and a pod near the top: the missing budget is spent at once and
+    /// the gap up to that pod is counted, not walked (this took minutes of CPU a sync).
+    #[test]
+    fn a_pod_far_beyond_the_missing_budget_is_reached_without_walking_the_gap() {
+        let s = set(i32::MAX, Management::Parallel, rolling(0, None));
+        let started = std::time::Instant::now();
+        let p = plan(&s, &[pod(2_147_483_640, "new", true)], now());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert_eq!(created(&p).len(), MAX_MISSING);
     }
 }

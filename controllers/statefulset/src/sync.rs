@@ -300,16 +300,23 @@ impl StatefulSets {
     /// ST-15: whether revision `name`'s template, defaulted by the API server (a dry-run
     /// PodTemplate create in the set's namespace), is semantically the set's template. Asked
     /// only when the two differ by members the revision lacks; answers cached per (set UID,
-    /// generation, revision resourceVersion), bounded as upstream's LRU. A failed dry run (e.g.
-    /// no `create podtemplates` permission) counts as "not equal": a new revision, as without
-    /// defaults.
-    async fn equal_once_defaulted(&self, set: &StatefulSet, revs: &Revisions, name: &str) -> bool {
+    /// generation, revision resourceVersion), bounded as upstream's LRU. A dry run that may
+    /// succeed later (throttled, timed out, server error, no connection) fails the sync, to be
+    /// retried: a new revision would roll every pod. One refused for good (no
+    /// `create podtemplates` permission, a webhook or quota refusing PodTemplates) counts as "not
+    /// equal" — a new revision, as without defaults — with a warning in the log.
+    async fn equal_once_defaulted(
+        &self,
+        set: &StatefulSet,
+        revs: &Revisions,
+        name: &str,
+    ) -> Result<bool, Error> {
         let spec = set.spec();
         let Some(template) = revs.template(name) else {
-            return false;
+            return Ok(false);
         };
         if !revision::differs_only_by_missing(&template, &spec.template) {
-            return false;
+            return Ok(false);
         }
         let rv = revs
             .objects
@@ -323,13 +330,28 @@ impl StatefulSets {
             rv,
         );
         if let Some(hit) = lock(&self.defaulted_matches).get(&key) {
-            return *hit;
+            return Ok(*hit);
         }
         let equal = match act::defaulted_template(&self.writer, set.namespace(), template).await {
             Ok(t) => revision::semantically_equal(&t, &spec.template),
             Err(e) => {
-                tracing::debug!(revision = name, error = %e, "could not default a revision's template");
-                return false;
+                use shared::apierr::ErrorKind as K;
+                match shared::apierr::classify(&e) {
+                    K::TooManyRequests
+                    | K::Timeout
+                    | K::ServerError
+                    | K::Transport
+                    | K::NotLeading => {
+                        return Err(api(format!("defaulting the template of revision {name}"))(
+                            e,
+                        ));
+                    }
+                    _ => {
+                        tracing::warn!(revision = name, error = %shared::apierr::message(&e),
+                            "the API server would not default a revision's template (ST-15): comparing without defaults");
+                        false
+                    }
+                }
             }
         };
         let mut cache = lock(&self.defaulted_matches);
@@ -337,7 +359,7 @@ impl StatefulSets {
             cache.clear();
         }
         cache.insert(key, equal);
-        equal
+        Ok(equal)
     }
 
     /// ST-14 (upstream `getStatefulSetRevisions`): the current and update revisions, creating or
@@ -369,7 +391,7 @@ impl StatefulSets {
         // compared again once the API server has defaulted it.
         if matches!(decision.update, Update::Create { .. })
             && let Some(newest) = revision::newest(&existing)
-            && self.equal_once_defaulted(set, &revs, newest.name).await
+            && self.equal_once_defaulted(set, &revs, newest.name).await?
         {
             decision = revision::choose(
                 &existing,
@@ -567,13 +589,29 @@ pub(crate) fn owners<'a>(
     pod_uid: &'a str,
     ordinal: i32,
 ) -> Owners<'a> {
-    let start = set.start_ordinal();
-    let end = start.saturating_add(set.replicas()).saturating_sub(1);
+    // In i64, as the plan's range (ST-6): saturating in i32 would condemn the last ordinal
+    // of a set starting at i32::MAX, and its claim would go with its pod.
+    let start = i64::from(set.start_ordinal());
+    let end = start + i64::from(set.replicas()) - 1;
     Owners {
         set,
         pod_name,
         pod_uid,
-        condemned: !(start..=end).contains(&ordinal),
+        condemned: !(start..=end).contains(&i64::from(ordinal)),
+    }
+}
+
+/// The text upstream's `createPersistentVolumeClaims` error carries into the pod event.
+fn claims_error_message(e: &Error) -> String {
+    match e {
+        Error::Api(f) => match f.what.strip_prefix("creating claim ") {
+            Some(claim) => format!(
+                "failed to create PVC {claim}: {}",
+                shared::apierr::message(&f.source)
+            ),
+            None => shared::apierr::message(&f.source),
+        },
+        other => other.to_string(),
     }
 }
 
@@ -587,13 +625,7 @@ fn title(verb: &str) -> String {
 
 impl StatefulSets {
     /// §1.6: `SuccessfulCreate` / `FailedCreate` (and update, delete) for a pod of the set.
-    pub(crate) fn pod_event(
-        &self,
-        set: &StatefulSet,
-        verb: &str,
-        pod: &str,
-        err: Option<&kube::Error>,
-    ) {
+    pub(crate) fn pod_event(&self, set: &StatefulSet, verb: &str, pod: &str, err: Option<&str>) {
         let subject = shared::refs::object_reference(set);
         match err {
             None => self.events.normal(
@@ -637,8 +669,9 @@ impl StatefulSets {
                 "FailedCreate",
                 "Create",
                 format!(
-                    "Create Claim {claim} for Pod {pod} in StatefulSet {} failed error: {e}",
-                    set.name()
+                    "Create Claim {claim} for Pod {pod} in StatefulSet {} failed error: {}",
+                    set.name(),
+                    shared::apierr::message(e)
                 ),
             ),
         }
@@ -741,9 +774,7 @@ impl StatefulSets {
     ) -> Result<(), Error> {
         let name = identity::pod_name(set.name(), ordinal);
         if let Err(e) = self.create_claims(key, set, ordinal).await {
-            if let Error::Api(f) = &e {
-                self.pod_event(set, "create", &name, Some(&f.source));
-            }
+            self.pod_event(set, "create", &name, Some(&claims_error_message(&e)));
             return Err(e);
         }
         let body = identity::new_pod(set, template, ordinal, revision);
@@ -753,7 +784,12 @@ impl StatefulSets {
                 let uid = created.metadata.uid.clone().unwrap_or_default();
                 if let Err(e) = self.fix_claim_refs(key, set, &name, &uid).await.map(|_| ()) {
                     if let Error::Api(f) = &e {
-                        self.pod_event(set, "update", &name, Some(&f.source));
+                        self.pod_event(
+                            set,
+                            "update",
+                            &name,
+                            Some(&shared::apierr::message(&f.source)),
+                        );
                     }
                     return Err(e);
                 }
@@ -765,7 +801,7 @@ impl StatefulSets {
                 Err(api(format!("creating pod {name}"))(e))
             }
             Err(e) => {
-                self.pod_event(set, "create", &name, Some(&e));
+                self.pod_event(set, "create", &name, Some(&shared::apierr::message(&e)));
                 Err(api(format!("creating pod {name}"))(e))
             }
         }
@@ -784,7 +820,7 @@ impl StatefulSets {
             Ok(rv) => self.wrote(key, "pods", rv.as_deref()),
             Err(e) if shared::apierr::is_not_found(&e) => {}
             Err(e) => {
-                self.pod_event(set, "delete", name, Some(&e));
+                self.pod_event(set, "delete", name, Some(&shared::apierr::message(&e)));
                 return Err(api(format!("deleting pod {name}"))(e));
             }
         }
@@ -806,7 +842,7 @@ impl StatefulSets {
                 Ok(())
             }
             Err(e) => {
-                self.pod_event(set, "update", name, Some(&e));
+                self.pod_event(set, "update", name, Some(&shared::apierr::message(&e)));
                 Err(api(format!("updating pod {name}"))(e))
             }
         }
@@ -1155,7 +1191,12 @@ impl StatefulSets {
                     Ok(changed) => changed,
                     Err(e) => {
                         if let Error::Api(f) = &e {
-                            self.pod_event(set, "update", name, Some(&f.source));
+                            self.pod_event(
+                                set,
+                                "update",
+                                name,
+                                Some(&shared::apierr::message(&f.source)),
+                            );
                         }
                         return Err(e);
                     }

@@ -318,6 +318,36 @@ async fn st15_without_matching_defaults_a_new_revision_is_created() {
     }
 }
 
+/// ST-15: a dry run that may succeed later (a 503) fails the sync, which is retried: no new
+/// revision in between (that would roll every pod).
+#[tokio::test(start_paused = true)]
+async fn st15_a_failing_dry_run_is_retried_not_taken_for_a_change() {
+    let kit = Kit::new();
+    kit.api.default_dry_runs(|v| {
+        for c in v["template"]["spec"]["containers"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            c.as_object_mut()
+                .unwrap()
+                .entry("imagePullPolicy")
+                .or_insert(json!("IfNotPresent"));
+        }
+    });
+    kit.api
+        .fail("create", "podtemplates", 1, 503, "ServiceUnavailable");
+    let running = start_with_revision(&kit);
+    assert!(eventually(Duration::from_secs(5), || !status_writes(&kit).is_empty()).await);
+    assert!(creates(&kit, "controllerrevisions").is_empty());
+    assert_eq!(dry_runs(&kit), 2);
+    assert_eq!(
+        status_writes(&kit).pop().unwrap()["updateRevision"],
+        "web-older"
+    );
+    running.stop().await;
+}
+
 /// ST-15: a real template change is not worth a request: no dry run.
 #[tokio::test(start_paused = true)]
 async fn st15_a_changed_template_costs_no_request() {
@@ -343,5 +373,24 @@ async fn st15_a_changed_template_costs_no_request() {
         .await
     );
     assert_eq!(dry_runs(&kit), 0);
+    running.stop().await;
+}
+
+/// §1.6: a failed write's event carries the API server's message, as upstream's Go error prints
+/// it, not the client's debug form.
+#[tokio::test(start_paused = true)]
+async fn a_failed_create_is_an_event_with_the_api_message() {
+    let kit = Kit::new();
+    kit.api.fail("create", "pods", 1, 403, "Forbidden");
+    let running = start(&kit, vec![set(1, "Parallel")], vec![]);
+    let want = "Create Pod web-0 in StatefulSet web failed error: injected 403 Forbidden";
+    assert!(
+        eventually(Duration::from_secs(2), || kit.api.events().iter().any(
+            |(t, r, m)| t == "Warning" && r == "FailedCreate" && m == want
+        ))
+        .await,
+        "{:?}",
+        kit.api.events()
+    );
     running.stop().await;
 }
