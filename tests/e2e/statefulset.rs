@@ -168,6 +168,31 @@ fn all_ready(want: i64) -> impl Fn(&Value) -> bool {
 async fn s1_ordered() -> Result<()> {
     let n = ns("s1").await?;
     n.create(&set("web", 3, json!({}))?).await?;
+    // While they come up: the pods are always web-0..k with at most the last one not Ready.
+    let bad = std::cell::RefCell::new(None);
+    wait::until(
+        "3 ready, one at a time",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            let views = n.views("web").await?;
+            let prefix = views
+                .iter()
+                .enumerate()
+                .all(|(i, v)| v.name == format!("web-{i}"));
+            let unready = views.iter().filter(|v| v.ready_since.is_none()).count();
+            let last_unready = views.last().is_some_and(|v| v.ready_since.is_none());
+            if !prefix || unready > 1 || (unready == 1 && !last_unready) {
+                *bad.borrow_mut() = Some(format!("{views:#?}"));
+                return Ok(Some(()));
+            }
+            Ok((views.len() == 3 && unready == 0).then_some(()))
+        },
+    )
+    .await?;
+    if let Some(v) = bad.into_inner() {
+        anyhow::bail!("not one at a time: {v}");
+    }
     n.until_status("web", "3 ready", 60, all_ready(3)).await?;
     let pods = n
         .pods
@@ -207,12 +232,18 @@ async fn s1_ordered() -> Result<()> {
     n.patch_spec("web", json!({"replicas": 0})).await?;
     // Scale-down order: each pod goes only after the higher one is gone.
     let gone_order = std::cell::RefCell::new(Vec::new());
+    let two_going = std::cell::RefCell::new(None);
     wait::until(
         "all pods gone",
         Duration::from_secs(90),
         Duration::from_millis(100),
         || async {
-            let now: Vec<String> = n.pods_of("web").await?.into_iter().map(|p| p.0).collect();
+            let pods = n.pods_of("web").await?;
+            if pods.iter().filter(|p| p.2).count() > 1 {
+                *two_going.borrow_mut() = Some(format!("{pods:?}"));
+                return Ok(Some(()));
+            }
+            let now: Vec<String> = pods.into_iter().map(|p| p.0).collect();
             let mut gone = gone_order.borrow_mut();
             for name in ["web-2", "web-1", "web-0"] {
                 if !now.contains(&name.to_string()) && !gone.contains(&name.to_string()) {
@@ -223,6 +254,9 @@ async fn s1_ordered() -> Result<()> {
         },
     )
     .await?;
+    if let Some(p) = two_going.into_inner() {
+        anyhow::bail!("more than one pod going at once: {p}");
+    }
     let gone_order = gone_order.into_inner();
     ensure!(
         gone_order == ["web-2", "web-1", "web-0"],
@@ -347,8 +381,8 @@ async fn s3_partition_and_rollback() -> Result<()> {
     Ok(())
 }
 
-/// S4: OrderedReady with maxUnavailable 2: an image change takes web-4 and web-3 down together
-/// (never more than 2 unavailable), and the rollout completes.
+/// S4: OrderedReady with maxUnavailable 2: an image change replaces two pods at a time, never
+/// more than 2 unavailable (missing, going or not yet Ready), and the rollout completes.
 async fn s4_ordered_budget() -> Result<()> {
     let n = ns("s4").await?;
     n.create(&set("web", 5, json!({"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}}))?)
@@ -367,45 +401,11 @@ async fn s4_ordered_budget() -> Result<()> {
         s["updateRevision"] != old.as_str()
     })
     .await?;
-    let seen = std::cell::RefCell::new(Vec::<Vec<String>>::new());
-    let most_down = std::cell::Cell::new(0usize);
-    wait::until(
-        "rollout complete",
-        Duration::from_secs(120),
-        Duration::from_millis(50),
-        || async {
-            let pods = n.pods_of("web").await?;
-            let live: Vec<&str> = pods.iter().filter(|p| !p.2).map(|p| p.0.as_str()).collect();
-            {
-                let mut seen = seen.borrow_mut();
-                let now: Vec<String> = pods
-                    .iter()
-                    .map(|p| format!("{}{}@{}", p.0, if p.2 { "(going)" } else { "" }, p.1))
-                    .collect();
-                if seen.last() != Some(&now) {
-                    seen.push(now);
-                }
-            }
-            let down = 5 - live.len();
-            most_down.set(most_down.get().max(down));
-
-            let s = n.status("web").await?;
-            Ok(all_ready(5)(&s).then_some(()))
-        },
-    )
-    .await?;
-    ensure!(
-        most_down.get() <= 2,
-        "{} pods down at once",
-        most_down.get()
-    );
-    // Two pods at a time (M = 2): the first pair can go and return before the first poll, the
-    // next pair (web-2, web-1) is seen down together; with M = 1 never two.
-    ensure!(
-        most_down.get() == 2,
-        "never two pods replaced together: {:#?}",
-        seen.borrow()
-    );
+    // Down = missing, going, or not Ready (a recreated pod counts until it is Ready).
+    let all = ["web-0", "web-1", "web-2", "web-3", "web-4"];
+    let (most, _) = follow_rollout(&n, "web", &all, 0.0, 5, &old).await?;
+    // Two pods at a time (M = 2), never more; with M = 1 never two.
+    ensure!(most == 2, "{most} pods down at once, budget 2");
     Ok(())
 }
 
@@ -1276,13 +1276,34 @@ async fn s15_min_ready_seconds() -> Result<()> {
     Ok(())
 }
 
-/// S16 (B-4): Parallel under a pod quota of 21: scaling 2 → 32 stops at 21 pods; scaling to 10
-/// then deletes the condemned pods first, so the missing ones below 10 can be created and the
-/// set converges to web-0..9.
+/// S16 (B-4): Parallel under a pod quota of 21, scaled 2 → 32 (21 pods); the quota shrinks to
+/// 20 and web-3 is deleted, so it cannot return; scaled to 10, one pod is missing below the new
+/// size and 11 are condemned above it with no quota left: upstream tries the create first, is
+/// refused every time and never deletes (#140858); Pilothouse deletes the condemned first,
+/// which frees the quota, and converges to web-0..9.
 async fn s16_quota() -> Result<()> {
     let n = ns("s16").await?;
     let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
         Api::namespaced(n.client.clone(), &n.ns);
+    let quota_is = |pods: &'static str| {
+        let quotas = quotas.clone();
+        async move {
+            wait::until(
+                "quota status",
+                Duration::from_secs(60),
+                Duration::from_millis(200),
+                || async {
+                    let q = quotas.get("pods").await?;
+                    Ok(q.status
+                        .and_then(|s| s.hard)
+                        .and_then(|h| h.get("pods").cloned())
+                        .is_some_and(|v| v.0 == pods)
+                        .then_some(()))
+                },
+            )
+            .await
+        }
+    };
     quotas
         .create(
             &PostParams::default(),
@@ -1292,19 +1313,7 @@ async fn s16_quota() -> Result<()> {
         )
         .await?;
     // Admission refuses pods until the quota controller has filled in the status.
-    wait::until(
-        "quota status",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let q = quotas.get("pods").await?;
-            Ok(q.status
-                .and_then(|s| s.hard)
-                .is_some_and(|h| h.contains_key("pods"))
-                .then_some(()))
-        },
-    )
-    .await?;
+    quota_is("21").await?;
     n.create(&set("web", 2, json!({"podManagementPolicy": "Parallel"}))?)
         .await?;
     n.until_status("web", "2 ready", 60, all_ready(2)).await?;
@@ -1316,6 +1325,29 @@ async fn s16_quota() -> Result<()> {
         || async { Ok((n.views("web").await?.len() == 21).then_some(())) },
     )
     .await?;
+    // The quota shrinks by one and web-3 goes: it cannot come back (20 of 20 used), so below
+    // the new size of 10 one pod is missing, above it 11 are condemned.
+    quotas
+        .patch(
+            "pods",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hard": {"pods": "20"}}})),
+        )
+        .await?;
+    quota_is("20").await?;
+    n.pods.delete("web-3", &DeleteParams::default()).await?;
+    wait::until(
+        "web-3 gone",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { Ok(n.pods.get_opt("web-3").await?.is_none().then_some(())) },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        n.pods.get_opt("web-3").await?.is_none(),
+        "web-3 came back: the quota did not hold it"
+    );
     n.patch_spec("web", json!({"replicas": 10})).await?;
     let want: Vec<String> = (0..10).map(|i| format!("web-{i}")).collect();
     wait::until(

@@ -689,6 +689,23 @@ async fn rollouts(client: Client) -> Result<Vec<(String, Snapshot)>> {
         })
         .await?;
     }
+    // Old revisions are cut by the sync after the one that completes a rollout: wait for the
+    // cut (limit 2 + the live one) on each plane before comparing.
+    let revisions: Api<ControllerRevision> = Api::namespaced(client.clone(), NS);
+    wait::until(
+        "history cut",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let n = revisions
+                .list(&ListParams::default().labels("app=history"))
+                .await?
+                .items
+                .len();
+            Ok((n <= 3).then_some(()))
+        },
+    )
+    .await?;
     out.push((
         "history after 5 rollouts".into(),
         snapshot(&client, "history").await?,
