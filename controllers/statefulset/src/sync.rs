@@ -997,18 +997,27 @@ impl StatefulSets {
             },
             &views,
         );
-        if status::needs_write(&set.status(), &status) {
-            let after = act::write_status(&self.writer, set, &status)
-                .await
-                .map_err(api("updating the status"))?;
-            self.wrote(
-                key,
-                "statefulsets",
-                after.metadata.resource_version.as_deref(),
-            );
-        }
+        let written = if status::needs_write(&set.status(), &status) {
+            match act::write_status(&self.writer, set, &status).await {
+                Ok(after) => {
+                    self.wrote(
+                        key,
+                        "statefulsets",
+                        after.metadata.resource_version.as_deref(),
+                    );
+                    Ok(())
+                }
+                Err(e) => Err(api("updating the status")(e)),
+            }
+        } else {
+            Ok(())
+        };
+        // ST-17: history is cut after every sync, a failed one too (upstream aggregates the
+        // three errors).
+        let cut = self.truncate_history(set, &pods, &revs).await;
         acted?;
-        self.truncate_history(set, &pods, &revs).await?;
+        written?;
+        cut?;
         Ok(match planned.requeue_after {
             Some(d) => Next::After(d),
             None => Next::Done,
