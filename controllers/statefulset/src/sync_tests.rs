@@ -258,6 +258,19 @@ fn start_with_revision(kit: &Kit) -> Running {
     kit.start(ctl)
 }
 
+/// The one default the test API server applies to a dry-run PodTemplate.
+fn pull_policy_default(v: &mut Value) {
+    for c in v["template"]["spec"]["containers"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(c) = c.as_object_mut() {
+            c.entry("imagePullPolicy").or_insert(json!("IfNotPresent"));
+        }
+    }
+}
+
 fn dry_runs(kit: &Kit) -> usize {
     kit.api
         .calls()
@@ -272,18 +285,7 @@ fn dry_runs(kit: &Kit) -> usize {
 #[tokio::test(start_paused = true)]
 async fn st15_a_revision_missing_only_defaults_is_reused() {
     let kit = Kit::new();
-    kit.api.default_dry_runs(|v| {
-        for c in v["template"]["spec"]["containers"]
-            .as_array_mut()
-            .into_iter()
-            .flatten()
-        {
-            c.as_object_mut()
-                .unwrap()
-                .entry("imagePullPolicy")
-                .or_insert(json!("IfNotPresent"));
-        }
-    });
+    kit.api.default_dry_runs(pull_policy_default);
     let running = start_with_revision(&kit);
     assert!(eventually(Duration::from_secs(1), || !status_writes(&kit).is_empty()).await);
     assert!(creates(&kit, "controllerrevisions").is_empty());
@@ -323,18 +325,7 @@ async fn st15_without_matching_defaults_a_new_revision_is_created() {
 #[tokio::test(start_paused = true)]
 async fn st15_a_failing_dry_run_is_retried_not_taken_for_a_change() {
     let kit = Kit::new();
-    kit.api.default_dry_runs(|v| {
-        for c in v["template"]["spec"]["containers"]
-            .as_array_mut()
-            .into_iter()
-            .flatten()
-        {
-            c.as_object_mut()
-                .unwrap()
-                .entry("imagePullPolicy")
-                .or_insert(json!("IfNotPresent"));
-        }
-    });
+    kit.api.default_dry_runs(pull_policy_default);
     kit.api
         .fail("create", "podtemplates", 1, 503, "ServiceUnavailable");
     let running = start_with_revision(&kit);
