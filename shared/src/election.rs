@@ -237,7 +237,7 @@ impl LeaderElector {
             let s = self.lock();
             let valid = s
                 .observed_at
-                .is_some_and(|t| now < t + self.config.lease_duration);
+                .is_some_and(|t| now < crate::queue::far_or(t, self.config.lease_duration));
             if s.leading && valid && s.observed.holder == me {
                 s.lease.clone()
             } else {
@@ -397,7 +397,7 @@ impl LeaderElector {
         let Some(last) = self.lock().renewed_at else {
             return false;
         };
-        let deadline = last + self.config.renew_deadline;
+        let deadline = crate::queue::far_or(last, self.config.renew_deadline);
         loop {
             let now = Instant::now();
             if now >= deadline || stop.is_cancelled() {
@@ -407,7 +407,8 @@ impl LeaderElector {
             if let Ok(true) = attempt.await {
                 return true;
             }
-            let retry = (Instant::now() + self.config.retry_period).min(deadline);
+            let retry =
+                crate::queue::far_or(Instant::now(), self.config.retry_period).min(deadline);
             tokio::select! {
                 _ = stop.cancelled() => return false,
                 _ = tokio::time::sleep_until(retry) => {}
@@ -425,7 +426,10 @@ impl LeaderElector {
         if s.observed.holder.is_empty() {
             return retry;
         }
-        let expires = seen + Duration::from_secs(s.observed.duration_seconds.max(0) as u64);
+        let expires = crate::queue::far_or(
+            seen,
+            Duration::from_secs(s.observed.duration_seconds.max(0) as u64),
+        );
         retry.min(expires.saturating_duration_since(Instant::now()) + Duration::from_millis(20))
     }
 

@@ -589,7 +589,7 @@ impl Kit {
 /// Polls `done` every 10 ms (of tokio time: paused tests advance at once) for up to `limit`;
 /// true if it held.
 pub async fn eventually(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + limit.min(crate::queue::FAR_FUTURE);
+    let end = crate::queue::far_or(tokio::time::Instant::now(), limit);
     loop {
         settle().await;
         if done() {
