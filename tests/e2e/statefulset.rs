@@ -504,23 +504,8 @@ async fn s12_adoption() -> Result<()> {
         "foo-0 was adopted"
     );
     // Release: web-0 stops matching.
-    n.pods
-        .patch(
-            "web-0",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"app": "other"}}})),
-        )
+    n.relabel_until("web-0", "other", "released", |p| owner(p).is_none())
         .await?;
-    wait::until(
-        "web-0 released",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let p = n.pods.get("web-0").await?;
-            Ok(owner(&p).is_none().then_some(()))
-        },
-    )
-    .await?;
     // The name is taken: recreating web-0 hits AlreadyExists (no event, as upstream), and the
     // released pod is left alone.
     let released = n.pods.get("web-0").await?.metadata.uid;
@@ -534,22 +519,9 @@ async fn s12_adoption() -> Result<()> {
         still.metadata
     );
     // The label returns: adopted again, same pod.
-    n.pods
-        .patch(
-            "web-0",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})),
-        )
-        .await?;
-    wait::until(
-        "web-0 re-adopted",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let p = n.pods.get("web-0").await?;
-            Ok((owner(&p).as_deref() == Some("web") && p.metadata.uid == released).then_some(()))
-        },
-    )
+    n.relabel_until("web-0", "web", "re-adopted", |p| {
+        owner(p).as_deref() == Some("web") && p.metadata.uid == released
+    })
     .await?;
     n.until_status("web", "4 ready again", 60, |s| {
         s["readyReplicas"].as_i64() == Some(4)
@@ -853,6 +825,30 @@ impl Ns {
                     None => None,
                 })
             },
+        )
+        .await
+    }
+
+    /// Sets pod `pod`'s `app` label, then waits until `ok` holds for it.
+    async fn relabel_until(
+        &self,
+        pod: &str,
+        app: &str,
+        what: &str,
+        ok: impl Fn(&Pod) -> bool,
+    ) -> Result<()> {
+        self.pods
+            .patch(
+                pod,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"app": app}}})),
+            )
+            .await?;
+        wait::until(
+            &format!("{pod} {what}"),
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async { Ok(ok(&self.pods.get(pod).await?).then_some(())) },
         )
         .await
     }

@@ -519,46 +519,10 @@ async fn adoption(client: Client) -> Result<Vec<(String, Snapshot)>> {
     )
     .await?;
     out.push(("adopt adopted".into(), snapshot(&client, "adopt").await?));
-    pods.patch(
-        "adopt-0",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"app": "other"}}})),
-    )
-    .await?;
-    wait::until(
-        "adopt-0 released",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let p = pods.get("adopt-0").await?;
-            Ok(p.metadata
-                .owner_references
-                .is_none_or(|r| r.is_empty())
-                .then_some(()))
-        },
-    )
-    .await?;
+    relabel_until_owned(&pods, "adopt-0", "other", false).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     out.push(("adopt released".into(), snapshot(&client, "adopt").await?));
-    pods.patch(
-        "adopt-0",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"app": "adopt"}}})),
-    )
-    .await?;
-    wait::until(
-        "adopt-0 re-adopted",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let p = pods.get("adopt-0").await?;
-            Ok(p.metadata
-                .owner_references
-                .is_some_and(|r| !r.is_empty())
-                .then_some(()))
-        },
-    )
-    .await?;
+    relabel_until_owned(&pods, "adopt-0", "adopt", true).await?;
     until(&client, "adopt", "4 ready again", complete(4)).await?;
     out.push(("adopt re-adopted".into(), snapshot(&client, "adopt").await?));
     Ok(out)
@@ -590,6 +554,27 @@ async fn defaults(client: Client) -> Result<Vec<(String, Snapshot)>> {
         "defaults reused".into(),
         snapshot(&client, "defaults").await?,
     )])
+}
+
+/// Sets pod `name`'s `app` label and waits until it is owned (adopted) or not (released).
+async fn relabel_until_owned(pods: &Api<Pod>, name: &str, app: &str, owned: bool) -> Result<()> {
+    pods.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": app}}})),
+    )
+    .await?;
+    wait::until(
+        &format!("{name} owned: {owned}"),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let p = pods.get(name).await?;
+            let has = p.metadata.owner_references.is_some_and(|r| !r.is_empty());
+            Ok((has == owned).then_some(()))
+        },
+    )
+    .await
 }
 
 /// S1, S3, S8, S9.
