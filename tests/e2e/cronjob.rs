@@ -74,6 +74,22 @@ impl Ns {
         Ok(self.get(name).await?.status.unwrap_or_default())
     }
 
+    /// The status once it records a schedule: the Job is created before the status write that
+    /// records it (upstream's order too), so a reader that has just seen the Job may be one
+    /// write early.
+    async fn status_after_schedule(&self, name: &str) -> Result<CronJobStatus> {
+        wait::until(
+            &format!("lastScheduleTime of {name} written"),
+            Duration::from_secs(10),
+            Duration::from_millis(200),
+            || async {
+                let s = self.status(name).await?;
+                Ok(s.last_schedule_time.is_some().then_some(s))
+            },
+        )
+        .await
+    }
+
     /// Jobs controlled by the CronJob `name`, oldest scheduled first.
     async fn jobs_of(&self, name: &str) -> Result<Vec<Job>> {
         let mut out: Vec<Job> =
@@ -243,7 +259,7 @@ async fn c1_basic() -> Result<()> {
     );
     let annotations = job.metadata.annotations.clone().unwrap_or_default();
     ensure!(annotations.get("from").map(String::as_str) == Some("template"));
-    let s = n.status("basic").await?;
+    let s = n.status_after_schedule("basic").await?;
     ensure!(
         s.last_schedule_time.as_ref().map(|t| t.0) == Some(first),
         "lastScheduleTime {:?}",
@@ -652,7 +668,7 @@ async fn c7_zones_and_syntax() -> Result<()> {
         scheduled(&job)? == target,
         "kolkata job for {annotation}, want {target}"
     );
-    let s = n.status("kolkata").await?;
+    let s = n.status_after_schedule("kolkata").await?;
     ensure!(
         s.last_schedule_time.map(|t| t.0) == Some(target),
         "lastScheduleTime"
