@@ -23,6 +23,8 @@ struct Cli {
     cronjob: cronjob::CronJobOptions,
     #[command(flatten)]
     statefulset: statefulset::StatefulSetOptions,
+    #[command(flatten)]
+    endpointslice: endpointslice::EndpointSliceOptions,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -49,7 +51,7 @@ fn catalogue(cli: &Cli) -> Vec<Registration> {
         job::registration(cli.job.clone()),
         cronjob::registration(cli.cronjob.clone()),
         statefulset::registration(cli.statefulset.clone()),
-        Registration::planned("endpointslice-controller", &["endpointslice"]),
+        endpointslice::registration(cli.endpointslice.clone()),
         Registration::planned(
             "endpointslice-mirroring-controller",
             &["endpointslicemirroring"],

@@ -185,6 +185,21 @@ impl Pod {
         }
     }
 
+    /// The pod's condition of `type_` (upstream `podutil.GetPodCondition`).
+    pub fn condition(&self, type_: &str) -> Option<&core::PodCondition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == type_)
+    }
+
+    /// Ready condition `True` (upstream `podutil.IsPodReady`).
+    pub fn is_ready(&self) -> bool {
+        self.condition("Ready").is_some_and(|c| c.status == "True")
+    }
+
     /// The pod's `namespace/name`, for messages.
     pub fn key(&self) -> Cow<'_, str> {
         match &self.metadata.namespace {

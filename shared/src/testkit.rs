@@ -322,14 +322,21 @@ impl FakeApi {
                 if t.name.is_empty() {
                     t.name = match meta_str(&v, "name") {
                         Some(n) if !n.is_empty() => n.to_string(),
-                        _ => {
+                        // A generated name never meets an object seeded by the test (the API
+                        // server's random suffixes practically never collide).
+                        _ => loop {
                             s.next_uid += 1;
-                            format!(
+                            let name = format!(
                                 "{}{:05}",
                                 meta_str(&v, "generateName").unwrap_or_default(),
                                 s.next_uid
-                            )
-                        }
+                            );
+                            let mut probe = t.clone();
+                            probe.name = name.clone();
+                            if !s.objects.contains_key(&id(&probe)) {
+                                break name;
+                            }
+                        },
                     };
                 }
                 if s.objects.contains_key(&id(&t)) {
@@ -346,6 +353,7 @@ impl FakeApi {
                 }
                 set_meta(&mut v, "uid", format!("uid-{}", s.next_uid).into());
                 set_meta(&mut v, "resourceVersion", rv.into());
+                set_meta(&mut v, "generation", 1.into());
                 s.objects.insert(id(&t), v.clone());
                 Ok(v)
             }
@@ -373,8 +381,27 @@ impl FakeApi {
                     n["status"] = v.get("status").cloned().unwrap_or(Value::Null);
                     n
                 } else {
+                    // As the API server: identity and generation are the server's; the
+                    // generation moves when anything outside metadata and status changes.
                     let mut n = v.clone();
                     n["status"] = stored.get("status").cloned().unwrap_or(Value::Null);
+                    for key in ["uid", "creationTimestamp"] {
+                        if let Some(kept) = stored["metadata"].get(key).cloned() {
+                            set_meta(&mut n, key, kept);
+                        }
+                    }
+                    let content = |o: &Value| {
+                        let mut o = o.clone();
+                        if let Some(m) = o.as_object_mut() {
+                            m.remove("metadata");
+                            m.remove("status");
+                            m.retain(|_, v| !v.is_null());
+                        }
+                        o
+                    };
+                    let generation = stored["metadata"]["generation"].as_i64().unwrap_or(0);
+                    let bump = i64::from(content(&stored) != content(&n));
+                    set_meta(&mut n, "generation", generation.saturating_add(bump).into());
                     n
                 };
                 set_meta(&mut next, "resourceVersion", rv.into());

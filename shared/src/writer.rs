@@ -298,6 +298,20 @@ impl Writer {
         )
     }
 
+    /// PUT of the whole object; `obj.metadata.resourceVersion`, if set, is the precondition
+    /// (without it the API server replaces whatever is stored).
+    pub async fn replace<K>(&self, obj: &K) -> Result<K, kube::Error>
+    where
+        K: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+    {
+        let meta = obj.meta();
+        let target = Target::of::<K>(
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
+        from_value(self.call(Call::Replace(target, typed_body(obj)?)).await?)
+    }
+
     /// PUT of the status subresource; `obj.metadata.resourceVersion` is the precondition.
     pub async fn replace_status<K>(&self, obj: &K) -> Result<K, kube::Error>
     where

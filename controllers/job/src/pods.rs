@@ -53,17 +53,7 @@ pub fn has_tracking_finalizer(pod: &Pod) -> bool {
 }
 
 pub fn ready(pod: &Pod) -> bool {
-    condition_status(pod, "Ready") == Some("True")
-}
-
-fn condition_status<'a>(pod: &'a Pod, type_: &str) -> Option<&'a str> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.status.as_str())
+    pod.is_ready()
 }
 
 pub fn uid(pod: &Pod) -> &str {

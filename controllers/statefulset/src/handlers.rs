@@ -54,14 +54,6 @@ fn selecting(sets: &Informer<StatefulSet>, pod: &Pod) -> Vec<Enqueue> {
         .collect()
 }
 
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True")
-}
-
 fn owner_of(sets: &Informer<StatefulSet>, pod: &Pod) -> Option<std::sync::Arc<StatefulSet>> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
     controller_of(&pod.metadata).and_then(|r| resolve(sets, ns, r))
@@ -103,7 +95,7 @@ pub fn pod_keys(sets: &Informer<StatefulSet>, change: &Change<Pod>) -> Vec<Enque
                         .and_then(|s| s.min_ready_seconds)
                         .unwrap_or(0);
                     // A pod turning Ready is Available minReadySeconds later (ST-2, ST-30).
-                    if min_ready > 0 && !ready(old) && ready(new) {
+                    if min_ready > 0 && !old.is_ready() && new.is_ready() {
                         out.push(Enqueue {
                             key,
                             after: Some(Duration::from_secs(min_ready.unsigned_abs().into())),
