@@ -25,6 +25,8 @@ struct Cli {
     statefulset: statefulset::StatefulSetOptions,
     #[command(flatten)]
     endpointslice: endpointslice::EndpointSliceOptions,
+    #[command(flatten)]
+    endpointslice_mirroring: endpointslice_mirroring::EndpointSliceMirroringOptions,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -52,10 +54,7 @@ fn catalogue(cli: &Cli) -> Vec<Registration> {
         cronjob::registration(cli.cronjob.clone()),
         statefulset::registration(cli.statefulset.clone()),
         endpointslice::registration(cli.endpointslice.clone()),
-        Registration::planned(
-            "endpointslice-mirroring-controller",
-            &["endpointslicemirroring"],
-        ),
+        endpointslice_mirroring::registration(cli.endpointslice_mirroring.clone()),
         node_lifecycle::registration(cli.node_lifecycle.clone()),
         taint_eviction::registration(),
         Registration::planned("node-maintenance-controller", &[]),

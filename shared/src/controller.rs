@@ -459,7 +459,12 @@ pub async fn serve<K, F, Fut, E>(
                     }
                     Ok(Err(e)) => {
                         let _g = span.enter();
-                        tracing::warn!(retries = queue.num_requeues(&key), error = %e, "sync failed; retrying with backoff");
+                        let retries = queue.num_requeues(&key);
+                        if e.kind() == crate::apierr::ErrorKind::StaleCache {
+                            tracing::debug!(retries, error = %e, "cache behind this replica's writes; retrying with backoff");
+                        } else {
+                            tracing::warn!(retries, error = %e, "sync failed; retrying with backoff");
+                        }
                         queue.add_rate_limited(key.clone());
                         e.kind().label()
                     }

@@ -18,6 +18,7 @@ pub struct Metrics {
     workqueue: OnceLock<Arc<WorkqueueMetrics>>,
     rest_client: OnceLock<Arc<RestClientMetrics>>,
     reconcile: OnceLock<Arc<ReconcileMetrics>>,
+    stale_skips: OnceLock<Family<StaleSkipLabels, Counter>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -27,6 +28,12 @@ impl std::fmt::Debug for Metrics {
 }
 
 pub type FloatGauge = Gauge<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StaleSkipLabels {
+    pub controller: String,
+    pub resource: String,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NameLabel {
@@ -181,6 +188,27 @@ impl Metrics {
                 Arc::new(m)
             })
             .clone()
+    }
+
+    /// `pilothouse_stale_cache_skips_total{controller,resource}` (spec §7): syncs held back
+    /// because a cache had not caught up with this replica's own writes. One family for every
+    /// controller, registered on first use.
+    pub fn stale_skip(&self, controller: &str, resource: &str) {
+        self.stale_skips
+            .get_or_init(|| {
+                let f = Family::default();
+                self.register(
+                    "pilothouse_stale_cache_skips",
+                    "Syncs skipped because a cache had not caught up with this replica's own writes",
+                    f.clone(),
+                );
+                f
+            })
+            .get_or_create(&StaleSkipLabels {
+                controller: controller.to_string(),
+                resource: resource.to_string(),
+            })
+            .inc();
     }
 
     pub fn rest_client(&self) -> Arc<RestClientMetrics> {

@@ -183,7 +183,7 @@ pub fn find_port(pod: &Pod, port: &ServicePort) -> Option<i32> {
                 .chain(sidecars)
                 .flat_map(|c| c.ports.iter().flatten())
                 .find(|p| {
-                    &p.name.as_deref().unwrap_or_default() == name
+                    p.name.as_deref().unwrap_or_default() == name.as_str()
                         && p.protocol.as_deref().unwrap_or("TCP") == protocol
                 })
                 .map(|p| p.container_port)

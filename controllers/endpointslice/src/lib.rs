@@ -77,7 +77,8 @@ impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Api(e) => e.kind(),
-            Error::Stale(_) | Error::Sync(_) => ErrorKind::Other,
+            Error::Stale(_) => ErrorKind::StaleCache,
+            Error::Sync(_) => ErrorKind::Other,
         }
     }
 }

@@ -37,12 +37,6 @@ pub struct ServiceLabels {
     pub service: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StaleLabels {
-    pub controller: String,
-    pub resource: String,
-}
-
 #[derive(Clone)]
 pub struct DefaultBuckets;
 
@@ -66,7 +60,8 @@ pub struct Metrics {
     pub syncs: Family<SyncResult, Counter>,
     pub by_distribution: Family<Distribution, Gauge>,
     pub retained: Family<ServiceLabels, Gauge>,
-    pub stale_skips: Family<StaleLabels, Counter>,
+    /// The process's registry (for the runtime's shared families).
+    pub runtime: std::sync::Arc<shared::metrics::Metrics>,
     efficiency: Mutex<Efficiency>,
 }
 
@@ -102,7 +97,10 @@ impl Efficiency {
 }
 
 impl Metrics {
-    pub fn register(registry: &shared::metrics::Metrics, max_per_slice: usize) -> Metrics {
+    pub fn register(
+        registry: &std::sync::Arc<shared::metrics::Metrics>,
+        max_per_slice: usize,
+    ) -> Metrics {
         let per_sync = || Histogram::new(exponential_buckets(2.0, 2.0, 15));
         let m = Metrics {
             added_per_sync: per_sync(),
@@ -115,7 +113,7 @@ impl Metrics {
             syncs: Family::default(),
             by_distribution: Family::default(),
             retained: Family::default(),
-            stale_skips: Family::default(),
+            runtime: std::sync::Arc::clone(registry),
             efficiency: Mutex::new(Efficiency {
                 max: max_per_slice,
                 ..Efficiency::default()
@@ -171,11 +169,6 @@ impl Metrics {
             "pilothouse_endpointslice_retained_slices",
             "EndpointSlices kept for a Service whose selector was removed (B-10)",
             m.retained.clone(),
-        );
-        registry.register(
-            "pilothouse_stale_cache_skips",
-            "Syncs skipped because a cache had not caught up with this replica's own writes",
-            m.stale_skips.clone(),
         );
         m
     }

@@ -4,7 +4,7 @@
 use crate::act::Act;
 use crate::endpoints::{self, LABEL_MANAGED_BY};
 use crate::handlers::{selector, selects};
-use crate::metrics::{ChangedLabels, Metrics, ServiceLabels, StaleLabels};
+use crate::metrics::{ChangedLabels, Metrics, ServiceLabels};
 use crate::plan::{self, MANAGED_BY, name_of};
 use crate::topology::{self, SliceInfo, TopologyCache};
 use crate::tracker::{SliceTracker, TriggerTimes};
@@ -124,12 +124,8 @@ impl EndpointSlices {
         let slices = self.managed_slices(key);
         if self.tracker.stale(key, &slices) {
             self.metrics
-                .stale_skips
-                .get_or_create(&StaleLabels {
-                    controller: crate::NAME.into(),
-                    resource: "endpointslices".into(),
-                })
-                .inc();
+                .runtime
+                .stale_skip(crate::NAME, "endpointslices");
             return Err(Error::Stale(format!(
                 "EndpointSlice informer cache is out of date for Service {key}"
             )));
@@ -295,7 +291,7 @@ impl EndpointSlices {
             if self.topology.has_populated_hints(key) {
                 events.push(topology::HintEvent {
                     warning: true,
-                    reason: "TopologyAwareHintsDisabled",
+                    reason: topology::REASON_TOPOLOGY_AWARE_HINTS_DISABLED,
                     message: topology::format_with_address_type(
                         topology::TOPOLOGY_AWARE_HINTS_DISABLED,
                         address_type,

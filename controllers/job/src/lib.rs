@@ -73,9 +73,8 @@ impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Api(e) => e.kind(),
-            Error::InvalidStatus { .. } | Error::StaleCache(_) | Error::Claim(_) => {
-                ErrorKind::Other
-            }
+            Error::StaleCache(_) => ErrorKind::StaleCache,
+            Error::InvalidStatus { .. } | Error::Claim(_) => ErrorKind::Other,
         }
     }
 }

@@ -29,15 +29,18 @@ pub struct Metrics {
     pub unavailable: Family<SetLabels, Gauge>,
     pub stale_skips: Family<GroupResource, Counter>,
     pub zero_grace: Family<ZeroGraceLabels, Gauge>,
+    /// The process's registry (the runtime's shared `pilothouse_stale_cache_skips`).
+    pub runtime: std::sync::Arc<shared::metrics::Metrics>,
 }
 
 impl Metrics {
-    pub fn register(registry: &shared::metrics::Metrics) -> Metrics {
+    pub fn register(registry: &std::sync::Arc<shared::metrics::Metrics>) -> Metrics {
         let m = Metrics {
             max_unavailable: Family::default(),
             unavailable: Family::default(),
             stale_skips: Family::default(),
             zero_grace: Family::default(),
+            runtime: std::sync::Arc::clone(registry),
         };
         registry.register(
             "statefulset_controller_statefulset_max_unavailable",

@@ -145,6 +145,9 @@ impl StatefulSets {
                     resource: behind.resource.into(),
                 })
                 .inc();
+            self.metrics
+                .runtime
+                .stale_skip(crate::NAME, behind.resource);
             tracing::debug!(
                 resource = behind.resource,
                 wrote = behind.wrote,

@@ -1,0 +1,819 @@
+//! End-to-end tests of `endpointslice-controller` (spec §3, scenarios E1..E10, E13), against a
+//! local control plane whose kube-controller-manager runs everything but the EndpointSlice
+//! controller, with one Pilothouse running only that controller as the `kube-system/pilothouse`
+//! ServiceAccount with the shipped RBAC. Each test owns a namespace; pods run on the shared kwok
+//! nodes (three, one per zone), which give them IPs and turn them Ready.
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use pilothouse_tests::cluster::ClusterOptions;
+use pilothouse_tests::harness::{SuitePilothouse, cluster, pilothouse, trial};
+use pilothouse_tests::{audit, k8s, wait};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
+const SA: &str = "system:serviceaccount:kube-system:pilothouse";
+
+struct Ns {
+    client: Client,
+    ns: String,
+    services: Api<Service>,
+    pods: Api<Pod>,
+    slices: Api<EndpointSlice>,
+}
+
+async fn ns(prefix: &str) -> Result<Ns> {
+    let client = cluster().client().await?;
+    let ns = cluster().namespace(prefix).await?;
+    k8s::wait_service_account(&client, &ns).await?;
+    Ok(Ns {
+        services: Api::namespaced(client.clone(), &ns),
+        pods: Api::namespaced(client.clone(), &ns),
+        slices: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+    })
+}
+
+fn merge(into: &mut Value, from: &Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b.clone(),
+    }
+}
+
+/// A Service selecting `app: <name>` with ports 80→8080 (`plain`) and 81→`web` (`named`).
+fn service(name: &str, extra: Value) -> Result<Service> {
+    let mut v = json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"app": name},
+            "ports": [
+                {"name": "plain", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+                {"name": "named", "port": 81, "targetPort": "web", "protocol": "TCP"}
+            ]
+        }
+    });
+    merge(&mut v, &extra);
+    Ok(serde_json::from_value(v)?)
+}
+
+/// A pod of `app` scheduled on the kwok nodes, with container port `web`=9000.
+fn pod(app: &str, name: &str, extra: Value) -> Result<Pod> {
+    let mut v = json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "c", "image": "nginx:1", "ports": [{"name": "web", "containerPort": 9000}]}]
+        }
+    });
+    merge(&mut v, &extra);
+    Ok(serde_json::from_value(v)?)
+}
+
+fn labels(s: &EndpointSlice) -> BTreeMap<String, String> {
+    s.metadata.labels.clone().unwrap_or_default()
+}
+
+fn endpoints(s: &EndpointSlice) -> &[k8s_openapi::api::discovery::v1::Endpoint] {
+    s.endpoints.as_deref().unwrap_or_default()
+}
+
+fn target(e: &k8s_openapi::api::discovery::v1::Endpoint) -> String {
+    e.target_ref
+        .as_ref()
+        .and_then(|t| t.name.clone())
+        .unwrap_or_default()
+}
+
+impl Ns {
+    async fn create_service(&self, s: &Service) -> Result<Service> {
+        Ok(self.services.create(&PostParams::default(), s).await?)
+    }
+
+    async fn create_pods(
+        &self,
+        app: &str,
+        names: impl IntoIterator<Item = String>,
+        extra: Value,
+    ) -> Result<()> {
+        for name in names {
+            self.pods
+                .create(&PostParams::default(), &pod(app, &name, extra.clone())?)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The slices our controller manages for `service`.
+    async fn slices_of(&self, service: &str) -> Result<Vec<EndpointSlice>> {
+        let lp = ListParams::default().labels(&format!(
+            "kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by={MANAGED_BY}"
+        ));
+        let mut v = self.slices.list(&lp).await?.items;
+        v.sort_by_key(|s| s.metadata.name.clone());
+        Ok(v)
+    }
+
+    /// Waits until the slices of `service` satisfy `done`.
+    async fn wait_slices(
+        &self,
+        what: &str,
+        service: &str,
+        timeout: Duration,
+        done: impl Fn(&[EndpointSlice]) -> bool,
+    ) -> Result<Vec<EndpointSlice>> {
+        wait::until(what, timeout, Duration::from_millis(250), || async {
+            let s = self.slices_of(service).await?;
+            Ok(done(&s).then_some(s))
+        })
+        .await
+    }
+
+    /// Ready endpoint count over the slices of `service`.
+    async fn wait_ready(&self, service: &str, n: usize) -> Result<Vec<EndpointSlice>> {
+        self.wait_slices(
+            &format!("{n} ready endpoints for {service}"),
+            service,
+            Duration::from_secs(60),
+            |s| {
+                s.iter()
+                    .flat_map(endpoints)
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                    .count()
+                    == n
+            },
+        )
+        .await
+    }
+
+    /// Pilothouse's slice writes in this namespace so far, by verb.
+    fn slice_writes(&self) -> Result<BTreeMap<String, usize>> {
+        let mut out = BTreeMap::new();
+        for e in audit::read(&cluster().audit_log())? {
+            let Some(o) = &e.object_ref else { continue };
+            if e.stage == "ResponseComplete"
+                && e.user.username == SA
+                && o.resource == "endpointslices"
+                && o.namespace == self.ns
+                && matches!(e.verb.as_str(), "create" | "update" | "delete" | "patch")
+            {
+                *out.entry(e.verb.clone()).or_default() += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn events(&self, name: &str, reason: &str) -> Result<Vec<String>> {
+        Ok(k8s::events(&self.client, &self.ns, name, reason)
+            .await?
+            .into_iter()
+            .filter_map(|e| e.note)
+            .collect())
+    }
+}
+
+/// E1: shape, labels, ports (numeric and named), zones, trigger time; label changes propagate;
+/// reserved keys are ignored.
+async fn e1_shape() -> Result<()> {
+    let n = ns("e1").await?;
+    n.create_service(&service(
+        "web",
+        json!({"metadata": {"labels": {"a": "b", "endpointslice.kubernetes.io/managed-by": "spoof"}}}),
+    )?)
+    .await?;
+    n.create_pods("web", (0..3).map(|i| format!("web-{i}")), json!({}))
+        .await?;
+    let slices = n.wait_ready("web", 3).await?;
+    ensure!(slices.len() == 1, "{} slices", slices.len());
+    let s = &slices[0];
+    ensure!(s.address_type == "IPv4");
+    ensure!(s.metadata.generate_name.as_deref() == Some("web-"));
+    let l = labels(s);
+    ensure!(l.get("a").map(String::as_str) == Some("b"), "{l:?}");
+    ensure!(
+        l["endpointslice.kubernetes.io/managed-by"] == MANAGED_BY,
+        "{l:?}"
+    );
+    ensure!(l["kubernetes.io/service-name"] == "web");
+    ensure!(!l.contains_key("service.kubernetes.io/headless"));
+    let owner = &s.metadata.owner_references.as_ref().context("owner")?[0];
+    ensure!(
+        owner.kind == "Service"
+            && owner.controller == Some(true)
+            && owner.block_owner_deletion == Some(true)
+    );
+    let trigger = s
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("endpoints.kubernetes.io/last-change-trigger-time"))
+        .context("trigger-time annotation")?;
+    ensure!(
+        trigger.parse::<k8s_openapi::jiff::Timestamp>().is_ok(),
+        "{trigger}"
+    );
+    let mut ports: Vec<(String, i32)> = s
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            (
+                p.name.clone().unwrap_or_default(),
+                p.port.unwrap_or_default(),
+            )
+        })
+        .collect();
+    ports.sort();
+    ensure!(
+        ports == [("named".to_string(), 9000), ("plain".to_string(), 8080)],
+        "{ports:?}"
+    );
+    for e in endpoints(s) {
+        ensure!(e.node_name.is_some(), "{e:?}");
+        ensure!(
+            e.zone.as_deref().is_some_and(|z| z.starts_with("zone-")),
+            "{e:?}"
+        );
+        ensure!(e.hints.is_none(), "{e:?}");
+    }
+    n.services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "c", "new": "x"}}})),
+        )
+        .await?;
+    n.wait_slices("labels propagated", "web", Duration::from_secs(20), |s| {
+        s.len() == 1 && {
+            let l = labels(&s[0]);
+            l.get("a").map(String::as_str) == Some("c")
+                && l.get("new").map(String::as_str) == Some("x")
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// E2: a selector matching nothing gets one empty slice (kept across a restart of the sync:
+/// its UID stays); ExternalName and selectorless Services get none.
+async fn e2_placeholder() -> Result<()> {
+    let n = ns("e2").await?;
+    n.create_service(&service("empty", json!({}))?).await?;
+    let mut ext = service(
+        "ext",
+        json!({"spec": {"type": "ExternalName", "externalName": "x.example.com"}}),
+    )?;
+    ext.spec.as_mut().context("spec")?.selector = None;
+    n.create_service(&ext).await?;
+    let mut bare = service("bare", json!({}))?;
+    bare.spec.as_mut().context("spec")?.selector = None;
+    n.create_service(&bare).await?;
+    let s = n
+        .wait_slices("placeholder", "empty", Duration::from_secs(20), |s| {
+            s.len() == 1
+        })
+        .await?;
+    ensure!(endpoints(&s[0]).is_empty() && s[0].ports.as_deref().unwrap_or_default().is_empty());
+    let uid = s[0].metadata.uid.clone();
+    // A Service change re-syncs it; nothing changes, nothing is written.
+    n.services
+        .patch(
+            "empty",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"touch": "1"}}})),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = n.slices_of("empty").await?;
+    ensure!(
+        again.len() == 1 && again[0].metadata.uid == uid,
+        "{again:?}"
+    );
+    ensure!(n.slices_of("ext").await?.is_empty() && n.slices_of("bare").await?.is_empty());
+    let writes = n.slice_writes()?;
+    ensure!(
+        writes == BTreeMap::from([("create".to_string(), 1)]),
+        "{writes:?}"
+    );
+    Ok(())
+}
+
+/// E3: pods group by their resolved port set: A, B (`web`=8080), C (9090), D (none), E (only a
+/// sidecar has it) → {8080: A, B, E}, {9090: C}, {}: D; renaming D's port moves D only.
+async fn e3_port_sets() -> Result<()> {
+    let n = ns("e3").await?;
+    let mut svc = service("ps", json!({}))?;
+    svc.spec.as_mut().context("spec")?.ports = Some(vec![serde_json::from_value(
+        json!({"name": "http", "port": 80, "targetPort": "web", "protocol": "TCP"}),
+    )?]);
+    n.create_service(&svc).await?;
+    let port = |p: i32| json!({"spec": {"containers": [{"name": "c", "image": "nginx:1", "ports": [{"name": "web", "containerPort": p}]}]}});
+    n.create_pods("ps", ["a".into(), "b".into()], port(8080))
+        .await?;
+    n.create_pods("ps", ["c".into()], port(9090)).await?;
+    n.create_pods("ps", ["d".into()], json!({"spec": {"containers": [{"name": "c", "image": "nginx:1", "ports": [{"name": "other", "containerPort": 1}]}]}}))
+        .await?;
+    n.create_pods(
+        "ps",
+        ["e".into()],
+        json!({"spec": {
+            "containers": [{"name": "c", "image": "nginx:1", "ports": []}],
+            "initContainers": [{"name": "side", "image": "envoy", "restartPolicy": "Always", "ports": [{"name": "web", "containerPort": 8080}]}]
+        }}),
+    )
+    .await?;
+    let by_port = |s: &[EndpointSlice]| -> BTreeMap<Option<i32>, Vec<String>> {
+        s.iter()
+            .map(|x| {
+                let port = x
+                    .ports
+                    .as_deref()
+                    .unwrap_or_default()
+                    .first()
+                    .and_then(|p| p.port);
+                let mut names: Vec<String> = endpoints(x).iter().map(target).collect();
+                names.sort();
+                (port, names)
+            })
+            .collect()
+    };
+    let want = BTreeMap::from([
+        (Some(8080), vec!["a".into(), "b".into(), "e".into()]),
+        (Some(9090), vec!["c".into()]),
+        (None, vec!["d".into()]),
+    ]);
+    n.wait_slices("three port sets", "ps", Duration::from_secs(60), |s| {
+        by_port(s) == want
+    })
+    .await?;
+    Ok(())
+}
+
+/// E4: conditions. A failing pod is ready=false/serving=false; a Ready pod deleting with a 60 s
+/// grace is ready=false, serving=true, terminating=true; publishNotReadyAddresses makes every
+/// endpoint ready; pods with hostname and subdomain = the Service carry the hostname.
+async fn e4_conditions() -> Result<()> {
+    let n = ns("e4").await?;
+    n.create_service(&service("cond", json!({}))?).await?;
+    n.create_service(&service(
+        "pub",
+        json!({"spec": {"publishNotReadyAddresses": true, "selector": {"app": "cond"}}}),
+    )?)
+    .await?;
+    n.create_pods(
+        "cond",
+        ["ok".into()],
+        json!({"spec": {"hostname": "ok", "subdomain": "cond"}}),
+    )
+    .await?;
+    n.create_pods(
+        "cond",
+        ["failing".into()],
+        json!({"metadata": {"annotations": {"pilothouse.test/not-ready": "x"}}}),
+    )
+    .await?;
+    n.create_pods(
+        "cond",
+        ["leaving".into()],
+        json!({"spec": {"terminationGracePeriodSeconds": 60}}),
+    )
+    .await?;
+    n.wait_ready("cond", 2).await?;
+    n.pods.delete("leaving", &DeleteParams::default()).await?;
+    let cond = |e: &k8s_openapi::api::discovery::v1::Endpoint| {
+        let c = e.conditions.clone().unwrap_or_default();
+        (c.ready, c.serving, c.terminating)
+    };
+    let s = n
+        .wait_slices(
+            "terminating endpoint",
+            "cond",
+            Duration::from_secs(30),
+            |s| {
+                s.iter().flat_map(endpoints).any(|e| {
+                    target(e) == "leaving" && cond(e) == (Some(false), Some(true), Some(true))
+                })
+            },
+        )
+        .await?;
+    let by_name: BTreeMap<String, _> = s
+        .iter()
+        .flat_map(endpoints)
+        .map(|e| (target(e), e.clone()))
+        .collect();
+    ensure!(
+        cond(&by_name["failing"]) == (Some(false), Some(false), Some(false)),
+        "{:?}",
+        by_name["failing"]
+    );
+    ensure!(cond(&by_name["ok"]) == (Some(true), Some(true), Some(false)));
+    ensure!(
+        by_name["ok"].hostname.as_deref() == Some("ok"),
+        "{:?}",
+        by_name["ok"]
+    );
+    ensure!(by_name["failing"].hostname.is_none());
+    let p = n
+        .wait_slices(
+            "publishNotReadyAddresses",
+            "pub",
+            Duration::from_secs(30),
+            |s| {
+                let eps: Vec<_> = s.iter().flat_map(endpoints).collect();
+                eps.len() == 3
+                    && eps
+                        .iter()
+                        .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+            },
+        )
+        .await?;
+    ensure!(
+        p.iter().flat_map(endpoints).all(|e| e.hostname.is_none()),
+        "hostname only for its own subdomain"
+    );
+    Ok(())
+}
+
+/// E5: 250 pods at max 100 → 100/100/50; delete one → one update, no create; add 30 → the
+/// partial slice is filled; scale to 0 → one placeholder.
+async fn e5_churn() -> Result<()> {
+    let n = ns("e5").await?;
+    n.create_service(&service("churn", json!({}))?).await?;
+    n.create_pods("churn", (0..250).map(|i| format!("p-{i}")), json!({}))
+        .await?;
+    let s = n.wait_ready("churn", 250).await?;
+    let mut sizes: Vec<usize> = s.iter().map(|x| endpoints(x).len()).collect();
+    sizes.sort_unstable();
+    ensure!(sizes == [50, 100, 100], "{sizes:?}");
+    let before = n.slice_writes()?;
+    n.pods.delete("p-7", &DeleteParams::default()).await?;
+    n.wait_slices("p-7 gone", "churn", Duration::from_secs(30), |s| {
+        s.iter().flat_map(endpoints).count() == 249
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = n.slice_writes()?;
+    let delta = |verb: &str, a: &BTreeMap<String, usize>, b: &BTreeMap<String, usize>| {
+        a.get(verb).copied().unwrap_or(0) - b.get(verb).copied().unwrap_or(0)
+    };
+    // p-7 goes Terminating (one update), then is gone (one more).
+    ensure!(
+        delta("create", &after, &before) == 0,
+        "{before:?} -> {after:?}"
+    );
+    ensure!(
+        delta("update", &after, &before) <= 2,
+        "{before:?} -> {after:?}"
+    );
+    // 30 more fit in the slices there are (getSliceToFill picks the one ending closest to
+    // full, so arrivals one by one top up the 99 first): no create.
+    let before = n.slice_writes()?;
+    n.create_pods("churn", (250..280).map(|i| format!("p-{i}")), json!({}))
+        .await?;
+    let s = n.wait_ready("churn", 279).await?;
+    ensure!(s.len() == 3, "{} slices after adding 30", s.len());
+    ensure!(
+        delta("create", &n.slice_writes()?, &before) == 0,
+        "a slice was created"
+    );
+    n.pods
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    let s = n
+        .wait_slices(
+            "placeholder after scale to 0",
+            "churn",
+            Duration::from_secs(90),
+            |s| s.len() == 1 && endpoints(&s[0]).is_empty(),
+        )
+        .await?;
+    ensure!(s[0].ports.as_deref().unwrap_or_default().is_empty());
+    Ok(())
+}
+
+/// E7: a deleted slice is recreated, edited endpoints are reverted, a foreign label is removed
+/// (B-12), a slice managed by someone else is untouched, and a Service recreated under the same
+/// name has its old slices deleted, never updated.
+async fn e7_self_healing() -> Result<()> {
+    let n = ns("e7").await?;
+    n.create_service(&service("heal", json!({}))?).await?;
+    n.create_pods("heal", (0..2).map(|i| format!("h-{i}")), json!({}))
+        .await?;
+    let s = n.wait_ready("heal", 2).await?;
+    let first = s[0].metadata.name.clone().context("name")?;
+    n.slices.delete(&first, &DeleteParams::default()).await?;
+    let s = n
+        .wait_slices("recreated", "heal", Duration::from_secs(30), |s| {
+            s.len() == 1
+                && s[0].metadata.name.as_deref() != Some(&first)
+                && endpoints(&s[0]).len() == 2
+        })
+        .await?;
+    let name = s[0].metadata.name.clone().context("name")?;
+    n.slices
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"endpoints": [{"addresses": ["10.9.9.9"]}]})),
+        )
+        .await?;
+    n.wait_slices("endpoints reverted", "heal", Duration::from_secs(30), |s| {
+        s.len() == 1 && endpoints(&s[0]).len() == 2
+    })
+    .await?;
+    n.slices
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"foreign": "x"}}})),
+        )
+        .await?;
+    n.wait_slices(
+        "foreign label removed (B-12)",
+        "heal",
+        Duration::from_secs(30),
+        |s| s.len() == 1 && !labels(&s[0]).contains_key("foreign"),
+    )
+    .await?;
+    let foreign: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "theirs", "labels": {"kubernetes.io/service-name": "heal", "endpointslice.kubernetes.io/managed-by": "someone-else"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.9.9.9"]}]
+    }))?;
+    n.slices.create(&PostParams::default(), &foreign).await?;
+    // Same-name Service recreated: its old slices are deleted and new ones created.
+    let old_uid = n.services.get("heal").await?.metadata.uid;
+    n.services.delete("heal", &DeleteParams::default()).await?;
+    wait::until(
+        "service gone",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok(n.services.get_opt("heal").await?.is_none().then_some(())) },
+    )
+    .await?;
+    let svc = n.create_service(&service("heal", json!({}))?).await?;
+    let new_uid = svc.metadata.uid.clone().context("uid")?;
+    n.wait_slices(
+        "slices of the new Service",
+        "heal",
+        Duration::from_secs(60),
+        |s| {
+            s.len() == 1
+                && endpoints(&s[0]).len() == 2
+                && s[0]
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .all(|o| o.uid == new_uid)
+        },
+    )
+    .await?;
+    ensure!(Some(new_uid) != old_uid);
+    let theirs = n.slices.get("theirs").await?;
+    ensure!(
+        endpoints(&theirs).len() == 1,
+        "foreign slice touched: {theirs:?}"
+    );
+    Ok(())
+}
+
+fn hints_of(s: &[EndpointSlice]) -> BTreeMap<String, (Vec<String>, Vec<String>)> {
+    s.iter()
+        .flat_map(endpoints)
+        .map(|e| {
+            let h = e.hints.clone().unwrap_or_default();
+            (
+                target(e),
+                (
+                    h.for_zones
+                        .iter()
+                        .flatten()
+                        .map(|z| z.name.clone())
+                        .collect(),
+                    h.for_nodes
+                        .iter()
+                        .flatten()
+                        .map(|z| z.name.clone())
+                        .collect(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// E9: trafficDistribution and Auto topology hints, with upstream's events.
+async fn e9_topology() -> Result<()> {
+    let n = ns("e9").await?;
+    let on_node = |i: usize| json!({"spec": {"nodeName": format!("kwok-node-{i}")}});
+    // PreferClose: ready endpoints are hinted to their own zone, the not-ready one is not.
+    n.create_service(&service(
+        "close",
+        json!({"spec": {"trafficDistribution": "PreferClose"}}),
+    )?)
+    .await?;
+    for i in 0..3 {
+        n.create_pods("close", [format!("c-{i}")], on_node(i))
+            .await?;
+    }
+    let mut unready = on_node(0);
+    merge(
+        &mut unready,
+        &json!({"metadata": {"annotations": {"pilothouse.test/not-ready": "x"}}}),
+    );
+    n.create_pods("close", ["c-unready".to_string()], unready)
+        .await?;
+    let zone_of = |i: usize| format!("zone-{}", ["a", "b", "c"][i]);
+    let want_close: BTreeMap<String, (Vec<String>, Vec<String>)> = (0..3)
+        .map(|i| (format!("c-{i}"), (vec![zone_of(i)], vec![])))
+        .chain([("c-unready".to_string(), (vec![], vec![]))])
+        .collect();
+    n.wait_slices("PreferClose hints", "close", Duration::from_secs(60), |s| {
+        hints_of(s) == want_close
+    })
+    .await?;
+    // PreferSameNode adds the node.
+    n.services
+        .patch(
+            "close",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"trafficDistribution": "PreferSameNode"}})),
+        )
+        .await?;
+    let want_node: BTreeMap<String, (Vec<String>, Vec<String>)> = (0..3)
+        .map(|i| {
+            (
+                format!("c-{i}"),
+                (vec![zone_of(i)], vec![format!("kwok-node-{i}")]),
+            )
+        })
+        .chain([("c-unready".to_string(), (vec![], vec![]))])
+        .collect();
+    n.wait_slices(
+        "PreferSameNode hints",
+        "close",
+        Duration::from_secs(30),
+        |s| hints_of(s) == want_node,
+    )
+    .await?;
+    // Removing the field strips every hint.
+    n.services
+        .patch(
+            "close",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"trafficDistribution": null}})),
+        )
+        .await?;
+    n.wait_slices("hints stripped", "close", Duration::from_secs(30), |s| {
+        hints_of(s)
+            .values()
+            .all(|(z, nodes)| z.is_empty() && nodes.is_empty())
+            && hints_of(s).len() == 4
+    })
+    .await?;
+    // Auto, 3 equal zones, 6 endpoints 2/2/2: same-zone hints and the Normal event; the
+    // annotation beats the field (no node hints).
+    n.create_service(&service(
+        "auto",
+        json!({"metadata": {"annotations": {"service.kubernetes.io/topology-mode": "Auto"}},
+               "spec": {"trafficDistribution": "PreferSameNode"}}),
+    )?)
+    .await?;
+    for i in 0..6 {
+        n.create_pods("auto", [format!("a-{i}")], on_node(i % 3))
+            .await?;
+    }
+    let want_auto: BTreeMap<String, (Vec<String>, Vec<String>)> = (0..6)
+        .map(|i| (format!("a-{i}"), (vec![zone_of(i % 3)], vec![])))
+        .collect();
+    n.wait_slices("Auto hints", "auto", Duration::from_secs(60), |s| {
+        hints_of(s) == want_auto
+    })
+    .await?;
+    wait::until(
+        "TopologyAwareHintsEnabled",
+        Duration::from_secs(20),
+        Duration::from_millis(250),
+        || async {
+            Ok(n.events("auto", "TopologyAwareHintsEnabled")
+                .await?
+                .into_iter()
+                .next())
+        },
+    )
+    .await?;
+    let enabled = n.events("auto", "TopologyAwareHintsEnabled").await?;
+    ensure!(
+        enabled[0] == "Topology Aware Hints has been enabled, addressType: IPv4",
+        "{enabled:?}"
+    );
+    // Two endpoints for three zones: no hints, upstream's warning.
+    n.create_service(&service(
+        "few",
+        json!({"metadata": {"annotations": {"service.kubernetes.io/topology-mode": "Auto"}}}),
+    )?)
+    .await?;
+    for i in 0..2 {
+        n.create_pods("few", [format!("f-{i}")], on_node(i)).await?;
+    }
+    n.wait_ready("few", 2).await?;
+    // (Earlier syncs warned with the counts of their time, 0 and 1 endpoints, as upstream's do.)
+    let want = "Insufficient number of endpoints (2 endpoints, 3 zones), addressType: IPv4";
+    wait::until(
+        "TopologyAwareHintsDisabled for 2 endpoints",
+        Duration::from_secs(20),
+        Duration::from_millis(250),
+        || async {
+            Ok(n.events("few", "TopologyAwareHintsDisabled")
+                .await?
+                .iter()
+                .any(|m| m == want)
+                .then_some(()))
+        },
+    )
+    .await?;
+    let few = n.slices_of("few").await?;
+    ensure!(
+        hints_of(&few).values().all(|(z, _)| z.is_empty()),
+        "{few:?}"
+    );
+    Ok(())
+}
+
+/// E13 / B-10: a Service losing its selector keeps its slices, with a Warning and the gauge.
+async fn e13_selector_removal() -> Result<()> {
+    let n = ns("e13").await?;
+    n.create_service(&service("sel", json!({}))?).await?;
+    n.create_pods("sel", ["s-0".to_string()], json!({})).await?;
+    n.wait_ready("sel", 1).await?;
+    n.services
+        .patch(
+            "sel",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(
+                json!([{"op": "remove", "path": "/spec/selector"}]),
+            )?),
+        )
+        .await?;
+    wait::until(
+        "StaleEndpointSlicesRetained",
+        Duration::from_secs(20),
+        Duration::from_millis(250),
+        || async {
+            Ok(n.events("sel", "StaleEndpointSlicesRetained")
+                .await?
+                .into_iter()
+                .next())
+        },
+    )
+    .await?;
+    let gauge = format!(
+        "pilothouse_endpointslice_retained_slices{{namespace=\"{}\",service=\"sel\"}}",
+        n.ns
+    );
+    ensure!(pilothouse().metric(&gauge).await? == Some(1.0), "{gauge}");
+    n.create_pods("sel", ["s-1".to_string()], json!({})).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = n.slices_of("sel").await?;
+    ensure!(
+        s.len() == 1 && endpoints(&s[0]).len() == 1,
+        "frozen slice changed: {s:?}"
+    );
+    Ok(())
+}
+
+fn main() -> ! {
+    let trials = vec![
+        trial("e5_churn", e5_churn),
+        trial("e1_shape", e1_shape),
+        trial("e2_placeholder", e2_placeholder),
+        trial("e3_port_sets", e3_port_sets),
+        trial("e4_conditions", e4_conditions),
+        trial("e7_self_healing", e7_self_healing),
+        trial("e13_selector_removal", e13_selector_removal),
+        trial("e9_topology", e9_topology),
+    ];
+    pilothouse_tests::harness::main(
+        "endpointslice",
+        ClusterOptions {
+            replace: Some(vec!["endpointslice-controller"]),
+            ..Default::default()
+        },
+        Some(SuitePilothouse {
+            args: vec!["--controllers=endpointslice-controller".to_string()],
+            as_service_account: true,
+        }),
+        trials,
+    )
+}
