@@ -10,6 +10,7 @@
 //! [`tracker`] its memory (ES-15, ES-17).
 
 pub mod act;
+pub mod batching;
 pub mod endpoints;
 pub mod handlers;
 pub mod metrics;
@@ -25,7 +26,6 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use shared::apierr::{Classify, ErrorKind};
 use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::flags::duration_arg;
 use shared::informers::{INDEX_NAMESPACE, by_namespace, object_key};
 use shared::pod::Pod;
 use shared::projection::PodFields;
@@ -53,9 +53,9 @@ pub struct EndpointSliceOptions {
     /// The maximum number of endpoints that will be added to an EndpointSlice. More endpoints per slice will result in less endpoint slices, but larger resources.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_endpoints_per_slice: u32,
-    /// The length of endpoint slice updates batching period. Processing of pod changes will be delayed by this duration to join them with potential upcoming updates and reduce the overall number of endpoints updates.
-    #[arg(long, default_value = "0s", value_parser = duration_arg)]
-    pub endpointslice_updates_batch_period: Duration,
+    /// The length of endpoint slice updates batching period. Processing of pod changes will be delayed by this duration to join them with potential upcoming updates and reduce the overall number of endpoints updates. Pilothouse: `adaptive` writes an isolated change at once and coalesces a burst into one sync per second per Service.
+    #[arg(long, default_value = "0s", value_parser = batching::batch_period_arg)]
+    pub endpointslice_updates_batch_period: batching::BatchPeriod,
     /// Pilothouse (B-10): delete the EndpointSlices of a Service whose selector was removed, instead of keeping them frozen as kube-controller-manager does.
     #[arg(long, default_value_t = false)]
     pub endpointslice_delete_on_selector_removal: bool,
@@ -135,17 +135,25 @@ pub fn init(opts: EndpointSliceOptions, setup: Setup) -> Result<Box<dyn Controll
         hints,
     ));
     // ES-4.
-    wiring.map(&services, &queue, |change| {
-        vec![object_key(change.object().as_ref())]
+    let period = opts.endpointslice_updates_batch_period;
+    let batcher = Arc::new(batching::Batcher::new(period));
+    let (b, q) = (Arc::clone(&batcher), Arc::clone(&queue));
+    wiring.on_change(&services, move |change| {
+        let key = object_key(change.object().as_ref());
+        if let shared::informers::Change::Deleted(_) = change {
+            b.forget(&key);
+        }
+        q.add(key);
     });
-    let batch = opts.endpointslice_updates_batch_period;
     let (s, q) = (Arc::clone(&services), Arc::clone(&queue));
     wiring.on_change(&pods, move |change| {
+        let now = tokio::time::Instant::now();
         for key in handlers::pod_services(&s, change) {
-            q.add_after(key, batch);
+            let delay = batcher.delay(&key, now);
+            q.add_after(key, delay);
         }
     });
-    let slice_delay = batch.max(handlers::SLICE_MIN_DELAY);
+    let slice_delay = period.slice_delay(handlers::SLICE_MIN_DELAY);
     let (s, q) = (Arc::clone(&services), Arc::clone(&queue));
     wiring.on_change(&slices, move |change| {
         for key in handlers::slice_services(&tracker, &s, change) {

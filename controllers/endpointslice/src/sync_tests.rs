@@ -16,7 +16,7 @@ fn options(max: u32) -> EndpointSliceOptions {
     EndpointSliceOptions {
         concurrent_service_endpoint_syncs: 5,
         max_endpoints_per_slice: max,
-        endpointslice_updates_batch_period: Duration::ZERO,
+        endpointslice_updates_batch_period: crate::batching::BatchPeriod::Fixed(Duration::ZERO),
         endpointslice_delete_on_selector_removal: false,
     }
 }
@@ -646,4 +646,57 @@ async fn es1_no_slices_without_selector_or_for_external_name() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     settle().await;
     assert_eq!(slice_writes(&kit), []);
+}
+
+/// The adaptive batch period: an isolated flip is written at once; a burst of 50 flips within
+/// 200 ms costs the leading write and one coalesced write at the window's end.
+#[tokio::test(start_paused = true)]
+async fn adaptive_batching_isolated_at_once_burst_coalesced() {
+    let kit = Kit::new();
+    let mut opts = options(100);
+    opts.endpointslice_updates_batch_period = crate::batching::BatchPeriod::Adaptive;
+    let _r = start(
+        &kit,
+        opts,
+        vec![service(json!({}))],
+        (0..60).map(|i| pod(i, true)).collect(),
+    );
+    assert!(eventually(Duration::from_secs(2), || count(&kit, "create") == 1).await);
+    observe_slices(&kit);
+    kit.api.clear_calls();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let flip = |i: usize, rv: &str| {
+        let mut p = pod(i, false);
+        p.metadata.resource_version = Some(rv.into());
+        p
+    };
+    let t0 = tokio::time::Instant::now();
+    kit.apply(flip(0, "2"));
+    assert!(eventually(Duration::from_secs(2), || count(&kit, "update") == 1).await);
+    assert!(
+        t0.elapsed() < Duration::from_millis(20),
+        "isolated change delayed {:?}",
+        t0.elapsed()
+    );
+    observe_slices(&kit);
+    kit.api.clear_calls();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for i in 1..51 {
+        kit.apply(flip(i, "2"));
+        tokio::time::sleep(Duration::from_millis(4)).await;
+        observe_slices(&kit);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    observe_slices(&kit);
+    settle().await;
+    assert!(
+        count(&kit, "update") <= 2,
+        "{} updates for one burst",
+        count(&kit, "update")
+    );
+    let ready = eps(&stored(&kit)[0])
+        .iter()
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .count();
+    assert_eq!(ready, 9, "every flip written");
 }
