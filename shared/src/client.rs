@@ -38,6 +38,25 @@ pub struct ClientSpec {
     pub qps: f32,
     pub burst: u32,
     pub fence: Option<Arc<dyn WriteFence>>,
+    /// A bucket shared with another client (a controller's events share its budget); `None`
+    /// gives the client a bucket of its own from `qps` and `burst`.
+    pub bucket: Option<Arc<TokenBucket>>,
+    /// Served only from tokens nobody else has reserved (events yield to object writes).
+    pub low_priority: bool,
+}
+
+impl ClientSpec {
+    /// A client with a bucket of its own, at normal priority.
+    pub fn new(controller: impl Into<String>, qps: f32, burst: u32) -> Self {
+        ClientSpec {
+            controller: controller.into(),
+            qps,
+            burst,
+            fence: None,
+            bucket: None,
+            low_priority: false,
+        }
+    }
 }
 
 pub fn user_agent(controller: &str) -> String {
@@ -59,7 +78,10 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
         .unwrap_or_default();
     let layer = ControllerLayer {
         shared: Arc::new(Shared {
-            bucket: TokenBucket::new(f64::from(spec.qps), spec.burst),
+            bucket: spec
+                .bucket
+                .unwrap_or_else(|| Arc::new(TokenBucket::new(f64::from(spec.qps), spec.burst))),
+            low_priority: spec.low_priority,
             user_agent: HeaderValue::from_str(&user_agent(&spec.controller))
                 .unwrap_or_else(|_| HeaderValue::from_static("pilothouse")),
             controller: spec.controller,
@@ -74,7 +96,8 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
 }
 
 struct Shared {
-    bucket: TokenBucket,
+    bucket: Arc<TokenBucket>,
+    low_priority: bool,
     user_agent: HeaderValue,
     controller: String,
     host: String,
@@ -130,13 +153,32 @@ where
         }
         req.headers_mut()
             .insert(http::header::USER_AGENT, shared.user_agent.clone());
-        let delay = shared.bucket.reserve();
+        let delay = if shared.low_priority {
+            None
+        } else {
+            Some(shared.bucket.reserve())
+        };
         // Futures are lazy: nothing is sent before the throttle delay has passed.
         let fut = self.inner.call(req);
         Box::pin(async move {
-            if !delay.is_zero() {
-                let t = StdInstant::now();
-                tokio::time::sleep(delay).await;
+            let t = StdInstant::now();
+            let waited = match delay {
+                Some(d) => {
+                    if !d.is_zero() {
+                        tokio::time::sleep(d).await;
+                    }
+                    !d.is_zero()
+                }
+                None => {
+                    let mut waited = false;
+                    while let Err(d) = shared.bucket.take_if_free() {
+                        waited = true;
+                        tokio::time::sleep(d).await;
+                    }
+                    waited
+                }
+            };
+            if waited {
                 shared
                     .metrics
                     .rate_limiter_wait

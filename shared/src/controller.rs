@@ -133,17 +133,23 @@ pub struct SetupFactory {
 impl SetupFactory {
     pub fn setup(&self, declaration: &Declaration) -> Result<Setup, InitError> {
         let name = declaration.name;
-        let spec = |controller: String| ClientSpec {
-            controller,
+        // One budget per controller, as its flags say: its events come out of the same bucket
+        // (as upstream's share the controller's client), but only from tokens its object
+        // writes leave free; what cannot wait is dropped and counted by the recorder.
+        let bucket = Arc::new(crate::ratelimit::TokenBucket::new(
+            f64::from(self.qps),
+            self.burst,
+        ));
+        let spec = |low_priority: bool| ClientSpec {
+            controller: name.to_string(),
             qps: self.qps,
             burst: self.burst,
             fence: self.fence.clone(),
+            bucket: Some(Arc::clone(&bucket)),
+            low_priority,
         };
-        let client = client::build(&self.config, spec(name.to_string()), &self.metrics)?;
-        // Events get a client (and bucket) of their own: a burst of events never delays the
-        // controller's writes.
-        let events_client =
-            client::build(&self.config, spec(format!("{name}-events")), &self.metrics)?;
+        let client = client::build(&self.config, spec(false), &self.metrics)?;
+        let events_client = client::build(&self.config, spec(true), &self.metrics)?;
         Ok(Setup {
             name,
             writer: Writer::from_client(client),
@@ -151,7 +157,8 @@ impl SetupFactory {
                 Writer::from_client(events_client),
                 declaration.event_source,
                 &self.identity,
-            ),
+            )
+            .with_drops(self.metrics.events_dropped(name)),
             informers: Arc::clone(&self.informers),
             metrics: Arc::clone(&self.metrics),
             gates: self.gates,

@@ -244,12 +244,19 @@ impl Correlator {
     }
 }
 
+/// Event writes waiting for the controller's budget at most (client-go's broadcaster queues
+/// 1,000 and drops beyond).
+pub const MAX_PENDING_EVENTS: usize = 1000;
+
 #[derive(Clone)]
 pub struct EventRecorder {
     writer: Writer,
     controller: String,
     instance: String,
     correlator: Arc<Mutex<Correlator>>,
+    /// Writes queued or in flight, shared by every source of one controller.
+    pending: Arc<std::sync::atomic::AtomicUsize>,
+    dropped: prometheus_client::metrics::counter::Counter,
 }
 
 impl std::fmt::Debug for EventRecorder {
@@ -279,13 +286,25 @@ impl EventRecorder {
             controller: controller.to_string(),
             instance: instance.to_string(),
             correlator: Arc::default(),
+            pending: Arc::default(),
+            dropped: Default::default(),
         }
     }
 
-    /// The same writer and replica reporting under another source component (node-lifecycle
-    /// reports as `node-controller`), with a correlator of its own.
+    /// Counts dropped events in `dropped` (registered by the runtime).
+    pub fn with_drops(mut self, dropped: prometheus_client::metrics::counter::Counter) -> Self {
+        self.dropped = dropped;
+        self
+    }
+
+    /// The same writer, budget and replica reporting under another source component
+    /// (node-lifecycle reports as `node-controller`), with a correlator of its own.
     pub fn for_source(&self, controller: &str) -> Self {
-        EventRecorder::new(self.writer.clone(), controller, &self.instance)
+        EventRecorder {
+            controller: controller.to_string(),
+            correlator: Arc::default(),
+            ..self.clone()
+        }
     }
 
     /// `action` is kept for call sites written against events.k8s.io; core/v1 events written by
@@ -339,12 +358,22 @@ impl EventRecorder {
             tracing::debug!(reason, "event held back by the spam filter");
             return;
         }
+        use std::sync::atomic::Ordering;
+        // Events wait for tokens the controller's writes leave free; when too many wait, the
+        // newest are dropped (and counted) rather than queued without bound.
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING_EVENTS {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.dropped.inc();
+            tracing::debug!(reason, "event dropped: too many waiting for the API budget");
+            return;
+        }
         let this = self.clone();
         let (regarding, reason) = (regarding.clone(), reason.to_string());
         tokio::spawn(async move {
             if let Err(e) = this.write(write, &regarding, type_, &reason, now).await {
                 tracing::warn!(reason = %reason, error = %e, "failed to write event");
             }
+            this.pending.fetch_sub(1, Ordering::AcqRel);
         });
     }
 
@@ -554,5 +583,41 @@ mod tests {
             cut.len()
         );
         assert_eq!(truncate_message("short".into()), "short");
+    }
+
+    /// A writer whose calls never complete (a budget that never frees a token).
+    struct Stuck;
+
+    impl crate::writer::Transport for Stuck {
+        fn call(
+            &self,
+            _call: crate::writer::Call,
+        ) -> futures::future::BoxFuture<'_, Result<Value, kube::Error>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test]
+    async fn events_beyond_the_pending_limit_are_dropped_and_counted() {
+        let dropped = prometheus_client::metrics::counter::Counter::<u64>::default();
+        let rec = EventRecorder::new(crate::writer::Writer::new(Arc::new(Stuck)), "c", "i")
+            .with_drops(dropped.clone());
+        let other = rec.for_source("other");
+        for i in 0..MAX_PENDING_EVENTS + 5 {
+            let r = ObjectReference {
+                kind: Some("Job".into()),
+                namespace: Some("ns".into()),
+                name: Some(format!("j-{i}")),
+                ..Default::default()
+            };
+            // Both sources share one queue (one controller, one budget).
+            let rec = if i % 2 == 0 { &rec } else { &other };
+            rec.warning(&r, "Reason", "", "message");
+        }
+        assert_eq!(dropped.get(), 5);
+        assert_eq!(
+            rec.pending.load(std::sync::atomic::Ordering::Acquire),
+            MAX_PENDING_EVENTS
+        );
     }
 }

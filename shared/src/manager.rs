@@ -105,12 +105,7 @@ pub async fn run(
     let process_stop = CancellationToken::new();
     let informer_client = client::build(
         &config,
-        ClientSpec {
-            controller: "shared-informers".into(),
-            qps: opts.kube_api_qps,
-            burst: opts.kube_api_burst,
-            fence: None,
-        },
+        ClientSpec::new("shared-informers", opts.kube_api_qps, opts.kube_api_burst),
         &metrics,
     )?;
     let informers = Informers::new(informer_client, process_stop.clone());
@@ -118,12 +113,7 @@ pub async fn run(
     let elector = if opts.leader_elect {
         let election_client = client::build(
             &config,
-            ClientSpec {
-                controller: "leader-election".into(),
-                qps: opts.kube_api_qps,
-                burst: opts.kube_api_burst,
-                fence: None,
-            },
+            ClientSpec::new("leader-election", opts.kube_api_qps, opts.kube_api_burst),
             &metrics,
         )?;
         Some(LeaderElector::new(

@@ -19,6 +19,7 @@ pub struct Metrics {
     rest_client: OnceLock<Arc<RestClientMetrics>>,
     reconcile: OnceLock<Arc<ReconcileMetrics>>,
     stale_skips: OnceLock<Family<StaleSkipLabels, Counter>>,
+    events_dropped: OnceLock<Family<ControllerLabel, Counter>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -209,6 +210,25 @@ impl Metrics {
                 resource: resource.to_string(),
             })
             .inc();
+    }
+
+    /// `pilothouse_events_dropped_total{controller}`: events not written because the
+    /// controller's budget could not carry them (the recorder's queue was full).
+    pub fn events_dropped(&self, controller: &str) -> Counter {
+        self.events_dropped
+            .get_or_init(|| {
+                let f = Family::default();
+                self.register(
+                    "pilothouse_events_dropped",
+                    "Events dropped because the controller's API budget could not carry them (its queue of pending events was full)",
+                    f.clone(),
+                );
+                f
+            })
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_string(),
+            })
+            .clone()
     }
 
     pub fn rest_client(&self) -> Arc<RestClientMetrics> {

@@ -58,6 +58,30 @@ impl TokenBucket {
         }
     }
 
+    /// A token for a low-priority caller: taken only if one is free now, after every
+    /// reservation made so far; otherwise how long until one may be. A caller that waits and
+    /// retries is served after any ordinary caller that reserved meanwhile.
+    pub fn take_if_free(&self) -> Result<(), Duration> {
+        self.take_if_free_at(Instant::now())
+    }
+
+    fn take_if_free_at(&self, now: Instant) -> Result<(), Duration> {
+        if self.qps <= 0.0 || !self.qps.is_finite() {
+            return Ok(());
+        }
+        let mut s = self.state.lock().expect("token bucket lock");
+        let elapsed = now.saturating_duration_since(s.last).as_secs_f64();
+        s.tokens = (s.tokens + elapsed * self.qps).min(self.burst);
+        s.last = now;
+        if s.tokens >= 1.0 {
+            s.tokens -= 1.0;
+            return Ok(());
+        }
+        Err(Duration::from_secs_f64(
+            ((1.0 - s.tokens) / self.qps).clamp(0.001, 3600.0),
+        ))
+    }
+
     /// Waits for a token.
     pub async fn acquire(&self) {
         let d = self.reserve();
@@ -171,6 +195,23 @@ mod tests {
         // After a second the bucket refilled (capped at burst) minus the debt.
         let d = b.reserve_at(t0 + Duration::from_secs(1));
         assert_eq!(d, Duration::ZERO);
+    }
+
+    #[test]
+    fn low_priority_takes_only_free_tokens_after_reservations() {
+        let b = TokenBucket::new(10.0, 2);
+        let t0 = Instant::now();
+        assert_eq!(b.take_if_free_at(t0), Ok(()));
+        // A reservation takes the last token; the next one is in debt.
+        assert_eq!(b.reserve_at(t0), Duration::ZERO);
+        assert!((b.reserve_at(t0).as_secs_f64() - 0.1).abs() < 1e-9);
+        // The low-priority caller waits for the debt and a whole token: 0.2 s.
+        let wait = b.take_if_free_at(t0).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.2).abs() < 1e-9, "{wait:?}");
+        // Meanwhile an ordinary caller reserves again: it goes first.
+        assert!((b.reserve_at(t0 + Duration::from_millis(100)).as_secs_f64() - 0.1).abs() < 1e-9);
+        assert!(b.take_if_free_at(t0 + Duration::from_millis(200)).is_err());
+        assert_eq!(b.take_if_free_at(t0 + Duration::from_millis(300)), Ok(()));
     }
 
     #[test]
