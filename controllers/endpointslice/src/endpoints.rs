@@ -148,16 +148,17 @@ pub fn should_pod_be_in_endpoints(pod: &Pod) -> bool {
 }
 
 /// ES-9 [getEndpointAddresses]: the pod's IPs of one family, canonical. An IP that does not parse
-/// counts as IPv4, as Go's nil `net.IP` does, and is then written as Go prints nil: `<nil>`.
-/// The API server validates pod IPs, so that case is for completeness only.
+/// is skipped: upstream writes Go's nil IP as `<nil>`, a slice the API server refuses, so the
+/// whole Service would fail to sync (the API server validates pod IPs, so this is defence only).
 pub fn endpoint_addresses(pod: &Pod, address_type: &str) -> Vec<String> {
     let ips = pod.status.as_ref().and_then(|s| s.pod_ips.as_ref());
     let mut out = Vec::new();
     for ip in ips.into_iter().flatten() {
-        let parsed = parse_ip_sloppy(&ip.ip);
-        let v6 = matches!(parsed, Some(IpAddr::V6(_)));
-        if v6 == (address_type == IPV6) {
-            out.push(parsed.map_or_else(|| "<nil>".to_string(), |p| p.to_string()));
+        let Some(parsed) = parse_ip_sloppy(&ip.ip) else {
+            continue;
+        };
+        if parsed.is_ipv6() == (address_type == IPV6) {
+            out.push(parsed.to_string());
         }
     }
     out

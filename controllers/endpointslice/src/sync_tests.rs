@@ -700,3 +700,68 @@ async fn adaptive_batching_isolated_at_once_burst_coalesced() {
         .count();
     assert_eq!(ready, 9, "every flip written");
 }
+
+/// Inputs at their extremes (odd IPs, a huge port list, extreme port numbers, long names) are
+/// written or skipped without a panic, and a bad Service never stalls a good one.
+#[tokio::test(start_paused = true)]
+async fn extremes_never_panic_or_stall_others() {
+    let kit = Kit::new();
+    let mut odd = service(
+        json!({"metadata": {"name": "odd", "uid": "uid-odd"}, "spec": {"selector": {"app": "odd"}}}),
+    );
+    let ports: Vec<Value> = (0..300)
+        .map(|i| json!({"name": format!("p{i}"), "port": i + 1, "targetPort": if i % 2 == 0 { json!(i32::MAX) } else { json!(format!("n{i}")) }, "protocol": if i % 3 == 0 { "UDP" } else { "TCP" }}))
+        .collect();
+    odd.spec.as_mut().unwrap().ports = Some(serde_json::from_value(json!(ports)).unwrap());
+    let mut weird = pod(9, true);
+    weird.metadata.labels = Some([("app".to_string(), "odd".to_string())].into());
+    weird.metadata.name = Some("x".repeat(253));
+    let spec = weird.spec.as_mut().unwrap();
+    spec.hostname = Some("h".repeat(63));
+    spec.subdomain = Some("odd".into());
+    weird.status.as_mut().unwrap().pod_ips = Some(
+        [
+            "",
+            "garbage",
+            "::",
+            "0.0.0.0",
+            "255.255.255.255",
+            "1.2.3.4.5",
+            "fe80::1%eth0",
+        ]
+        .iter()
+        .map(|ip| serde_json::from_value(json!({"ip": ip})).unwrap())
+        .collect(),
+    );
+    let _r = start(
+        &kit,
+        options(1),
+        vec![odd, service(json!({}))],
+        vec![weird, pod(0, true), pod(1, true)],
+    );
+    // The good Service gets its two slices of one endpoint (max 1).
+    assert!(
+        eventually(Duration::from_secs(5), || stored(&kit)
+            .iter()
+            .filter(|s| s.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"] == "web")
+            .count()
+            == 2)
+        .await
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || stored(&kit).iter().any(|s| s
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()["kubernetes.io/service-name"]
+            == "odd"))
+        .await
+    );
+    assert!(
+        !kit.metrics
+            .encode()
+            .contains("pilothouse_reconcile_panics_total{"),
+        "{}",
+        kit.metrics.encode()
+    );
+}
