@@ -30,6 +30,19 @@ pub struct FeatureGates {
 
 impl FeatureGates {
     const KNOWN: &'static [&'static str] = &["TaintTolerationComparisonOperators"];
+    /// Gates of kube-controller-manager 1.37 for behaviour Pilothouse always has (spec
+    /// `statefulset-endpointslice.md` §0): accepted, as kcm accepts them, logged and ignored.
+    const ALWAYS_ON: &'static [&'static str] = &[
+        "MaxUnavailableStatefulSet",
+        "StatefulSetSemanticRevisionComparison",
+        "StaleControllerConsistencyStatefulSet",
+        "StatefulSetStartOrdinal",
+        "StatefulSetAutoDeletePVC",
+        "PodIndexLabel",
+        "PreferSameTrafficDistribution",
+    ];
+    /// Gates for behaviour Pilothouse does not have (off upstream too): accepted and logged.
+    const NOT_BUILT: &'static [&'static str] = &["StatefulSetRecreateStrategy"];
 
     /// Parses `Name=bool,...` as kube-controller-manager's `--feature-gates` does; an unknown name
     /// or a non-boolean value is an error.
@@ -48,10 +61,26 @@ impl FeatureGates {
                 "TaintTolerationComparisonOperators" => {
                     gates.taint_toleration_comparison_operators = value
                 }
+                name if Self::ALWAYS_ON.contains(&name) => {
+                    tracing::warn!(
+                        gate = name,
+                        value,
+                        "feature gate ignored: Pilothouse always has this behaviour"
+                    );
+                }
+                name if Self::NOT_BUILT.contains(&name) => {
+                    tracing::warn!(
+                        gate = name,
+                        value,
+                        "feature gate ignored: Pilothouse does not implement this alpha feature"
+                    );
+                }
                 other => {
                     return Err(FlagError::FeatureGate(format!(
                         "unrecognized feature gate: {other} (known: {})",
-                        Self::KNOWN.join(", ")
+                        [Self::KNOWN, Self::ALWAYS_ON, Self::NOT_BUILT]
+                            .concat()
+                            .join(", ")
                     )));
                 }
             }
@@ -359,6 +388,18 @@ mod tests {
         let g = FeatureGates::parse(&["TaintTolerationComparisonOperators=true".into()]).unwrap();
         assert!(g.taint_toleration_comparison_operators);
         assert!(FeatureGates::parse(&["Bogus=true".into()]).is_err());
+        // §0 of the StatefulSet/EndpointSlice spec: 1.37's gates for behaviour we always have
+        // are accepted and change nothing; gates removed in 1.36 are unknown, as in kcm 1.37.
+        assert_eq!(
+            FeatureGates::parse(&[
+                "MaxUnavailableStatefulSet=false".into(),
+                "PreferSameTrafficDistribution=true".into(),
+                "StatefulSetRecreateStrategy=true".into()
+            ])
+            .unwrap(),
+            FeatureGates::default()
+        );
+        assert!(FeatureGates::parse(&["TopologyAwareHints=true".into()]).is_err());
         assert!(FeatureGates::parse(&["TaintTolerationComparisonOperators=yes".into()]).is_err());
         assert!(FeatureGates::parse(&["TaintTolerationComparisonOperators".into()]).is_err());
         let (o, _) = parse(&["--feature-gates=TaintTolerationComparisonOperators=true"]);
