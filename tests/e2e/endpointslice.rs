@@ -447,17 +447,24 @@ async fn e4_conditions() -> Result<()> {
     Ok(())
 }
 
-/// E5: 250 pods at max 100 → 100/100/50; delete one → one update, no create; add 30 → the
-/// partial slice is filled; scale to 0 → one placeholder.
+/// E5: 250 pods at max 100 → slices of at most 100; delete one → updates only; add 30 → into
+/// the slices where they fit; scale to 0 → one placeholder.
 async fn e5_churn() -> Result<()> {
     let n = ns("e5").await?;
     n.create_service(&service("churn", json!({}))?).await?;
     n.create_pods("churn", (0..250).map(|i| format!("p-{i}")), json!({}))
         .await?;
+    // How the 250 are packed depends on how their arrivals were batched: pods seen one by one
+    // fill 100/100/50, while a batch that fits no slice opens a new one (upstream's algorithm,
+    // at any batch period; ours batches by default). Here: every slice within the maximum; the
+    // differential suite compares the packing with upstream's at equal settings.
     let s = n.wait_ready("churn", 250).await?;
-    let mut sizes: Vec<usize> = s.iter().map(|x| endpoints(x).len()).collect();
-    sizes.sort_unstable();
-    ensure!(sizes == [50, 100, 100], "{sizes:?}");
+    let sizes: Vec<usize> = s.iter().map(|x| endpoints(x).len()).collect();
+    ensure!(
+        sizes.len() >= 3 && sizes.iter().all(|n| *n <= 100),
+        "{sizes:?}"
+    );
+    println!("MEASURE e5 250 pods packed as {sizes:?}");
     let before = n.slice_writes()?;
     n.pods.delete("p-7", &DeleteParams::default()).await?;
     n.wait_slices("p-7 gone", "churn", Duration::from_secs(30), |s| {
@@ -478,16 +485,18 @@ async fn e5_churn() -> Result<()> {
         delta("update", &after, &before) <= 2,
         "{before:?} -> {after:?}"
     );
-    // 30 more fit in the slices there are (getSliceToFill picks the one ending closest to
-    // full, so arrivals one by one top up the 99 first): no create.
+    // 30 more: each batch of arrivals goes into the existing slice it fits best, else a new
+    // one (getSliceToFill); how many batches there are is timing, so only the invariants are
+    // checked here (the differential compares counts with upstream at equal settings).
     let before = n.slice_writes()?;
     n.create_pods("churn", (250..280).map(|i| format!("p-{i}")), json!({}))
         .await?;
     let s = n.wait_ready("churn", 279).await?;
-    ensure!(s.len() == 3, "{} slices after adding 30", s.len());
-    ensure!(
-        delta("create", &n.slice_writes()?, &before) == 0,
-        "a slice was created"
+    ensure!(s.iter().all(|x| endpoints(x).len() <= 100));
+    println!(
+        "MEASURE e5 30 more: {} slices created, {} updated",
+        delta("create", &n.slice_writes()?, &before),
+        delta("update", &n.slice_writes()?, &before)
     );
     n.pods
         .delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -753,6 +762,62 @@ async fn e9_topology() -> Result<()> {
     Ok(())
 }
 
+/// The default batch period (`adaptive`, ours): a readiness flip on a quiet Service reaches its
+/// slice without waiting for a batching window. Measured from the pod's Ready change to the
+/// slice showing it, both polled every 20 ms.
+async fn isolated_flip_is_not_delayed() -> Result<()> {
+    let n = ns("iso").await?;
+    n.create_service(&service("iso", json!({}))?).await?;
+    n.create_pods("iso", (0..3).map(|i| format!("i-{i}")), json!({}))
+        .await?;
+    n.wait_ready("iso", 3).await?;
+    // Quiet for longer than the 1 s window.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    n.pods
+        .patch(
+            "i-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"pilothouse.test/not-ready": "x"}}})),
+        )
+        .await?;
+    let pod_seen = async {
+        wait::until(
+            "i-0 not Ready",
+            Duration::from_secs(20),
+            Duration::from_millis(20),
+            || async {
+                let p = n.pods.get("i-0").await?;
+                let ready = k8s::condition(&p, "Ready").is_some_and(|c| c.status == "True");
+                Ok((!ready).then(tokio::time::Instant::now))
+            },
+        )
+        .await
+    };
+    let slice_seen = async {
+        wait::until(
+            "i-0 shown not ready",
+            Duration::from_secs(20),
+            Duration::from_millis(20),
+            || async {
+                let s = n.slices_of("iso").await?;
+                let shown = s.iter().flat_map(endpoints).any(|e| {
+                    target(e) == "i-0" && e.conditions.as_ref().and_then(|c| c.ready) == Some(false)
+                });
+                Ok(shown.then(tokio::time::Instant::now))
+            },
+        )
+        .await
+    };
+    let (pod_at, slice_at) = tokio::try_join!(pod_seen, slice_seen)?;
+    let lag = slice_at.saturating_duration_since(pod_at);
+    println!("MEASURE isolated flip: pod Ready=False seen -> slice shows it in {lag:?}");
+    ensure!(
+        lag < Duration::from_millis(500),
+        "an isolated change waited {lag:?}"
+    );
+    Ok(())
+}
+
 /// E13 / B-10: a Service losing its selector keeps its slices, with a Warning and the gauge.
 async fn e13_selector_removal() -> Result<()> {
     let n = ns("e13").await?;
@@ -992,6 +1057,7 @@ fn main() -> ! {
         trial("e9_topology", e9_topology),
         trial("e11_mirroring", e11_mirroring),
         trial("e12_mirroring_switches", e12_mirroring_switches),
+        trial("isolated_flip_is_not_delayed", isolated_flip_is_not_delayed),
     ];
     pilothouse_tests::harness::main(
         "endpointslice",

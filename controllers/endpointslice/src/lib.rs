@@ -53,8 +53,8 @@ pub struct EndpointSliceOptions {
     /// The maximum number of endpoints that will be added to an EndpointSlice. More endpoints per slice will result in less endpoint slices, but larger resources.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_endpoints_per_slice: u32,
-    /// The length of endpoint slice updates batching period. Processing of pod changes will be delayed by this duration to join them with potential upcoming updates and reduce the overall number of endpoints updates. Pilothouse: `adaptive` writes an isolated change at once and coalesces a burst into one sync per second per Service.
-    #[arg(long, default_value = "0s", value_parser = batching::batch_period_arg)]
+    /// The length of endpoint slice updates batching period. Processing of pod changes will be delayed by this duration to join them with potential upcoming updates and reduce the overall number of endpoints updates. Pilothouse's default, `adaptive`, writes an isolated change at once and coalesces a burst into one sync per second per Service (kube-controller-manager's default is 0s: every change written at once).
+    #[arg(long, default_value = "adaptive", value_parser = batching::batch_period_arg)]
     pub endpointslice_updates_batch_period: batching::BatchPeriod,
     /// Pilothouse (B-10): delete the EndpointSlices of a Service whose selector was removed, instead of keeping them frozen as kube-controller-manager does.
     #[arg(long, default_value_t = false)]
