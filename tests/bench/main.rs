@@ -7,10 +7,13 @@
 //!
 //! Without `--qps`/`--burst` every workload runs at upstream's defaults (20/30) and `job-burst`
 //! and `cronjob-minutely` also at 200/400. Without `--pairs`: 1 pair for `cronjob-minutely`,
-//! `node-outage`, `idle-scale`, `sts-rollout` and `sts-scale` (each run is minutes of real clock,
-//! most of it waiting for schedules, grace periods, the idle window or a 20-qps client), 3 for
-//! `job-burst` and `job-failures`. At 20/30 the
-//! Job and CronJob workloads run both sides of a pair at once (`bench::side_by_side`).
+//! `node-outage`, `idle-scale`, `sts-rollout`, `sts-scale` and the EndpointSlice workloads
+//! (`es-rollout`, `es-restart`, `es-flap`, `es-flap-1s`, `es-flap-adaptive`,
+//! `es-flap-adaptive-vs-0s`; each run is minutes of real clock, most of it waiting for schedules,
+//! grace periods, a fixed window or a 20-qps client), 3 for `job-burst` and `job-failures`. At
+//! 20/30 the Job, CronJob and StatefulSet workloads run both sides of a pair at once
+//! (`bench::side_by_side`). The es-flap variants differ only in the batch period each side gets
+//! (`bench::extra_args`, named in each table).
 
 use anyhow::{Context, Result, bail};
 use pilothouse_tests::bench::{self, Profile, WORKLOADS, Workload};
@@ -38,7 +41,8 @@ fn plan(a: &Args) -> Vec<(&'static str, Profile, usize)> {
             if matches!(
                 w,
                 "cronjob-minutely" | "node-outage" | "idle-scale" | "sts-rollout" | "sts-scale"
-            ) {
+            ) || w.starts_with("es-")
+            {
                 1
             } else {
                 3

@@ -1,5 +1,7 @@
-//! The benchmark harness's smoke run for CI (issue 6): job-burst at 1 % size and node-outage at
-//! 5 % (10 nodes with 10 pods each, one failing), one pair each, both sides, against real control planes. Checks the harness measures something on both sides,
+//! The benchmark harness's smoke run for CI (issue 6): job-burst at 1 % size, node-outage at
+//! 5 % (10 nodes with 10 pods each, one failing), es-flap with 5 pods and es-restart with 10
+//! Services (4 s windows), one pair each, both sides, against real control planes. Checks the
+//! harness measures something on both sides,
 //! that both ended in the same state, and that the table and plot are produced. Numbers at this
 //! size say nothing about performance and are not reported as results.
 
@@ -93,6 +95,67 @@ async fn smoke_node_outage() -> Result<()> {
     Ok(())
 }
 
+/// es-flap with 5 pods flipping twice each (not ready, ready) over a 4 s window.
+async fn smoke_es_flap() -> Result<()> {
+    bench::use_binary(pilothouse_tests::pilothouse::binary()?);
+    let w = Workload {
+        name: "es-flap",
+        scale: 0.01,
+    };
+    let p = Profile { qps: 20, burst: 30 };
+    let runs = bench::run_pairs(&w, p, 1, &mut |l| println!("{l}")).await?;
+    ensure!(runs.len() == 2, "{} runs", runs.len());
+    for (side, r) in &runs {
+        let extra = |k: &str| r.extra.get(k).copied().unwrap_or(f64::NAN);
+        ensure!(
+            extra("flips seen (pod Ready changes)") == 10.0,
+            "{side:?}: {:?}",
+            r.extra
+        );
+        // Every flip is a slice update at batch period 0 (ES-16), give or take coalescing.
+        ensure!(
+            r.requests.get("update").copied().unwrap_or(0) >= 1 && r.cpu_seconds > 0.0,
+            "{side:?}: {:?}",
+            r.requests
+        );
+        ensure!(
+            extra("flip → shown p50 (s)").is_finite(),
+            "{side:?}: {:?}",
+            r.extra
+        );
+    }
+    println!("{}", bench::table(&w, p, &runs));
+    Ok(())
+}
+
+/// es-restart with 10 Services of 5 pods: each side restarts on the slices and is measured.
+async fn smoke_es_restart() -> Result<()> {
+    bench::use_binary(pilothouse_tests::pilothouse::binary()?);
+    let w = Workload {
+        name: "es-restart",
+        scale: 0.001,
+    };
+    let p = Profile { qps: 20, burst: 30 };
+    let runs = bench::run_pairs(&w, p, 1, &mut |l| println!("{l}")).await?;
+    ensure!(runs.len() == 2, "{} runs", runs.len());
+    for (side, r) in &runs {
+        ensure!(
+            r.state.len() == 10 && r.peak_rss_mib > 1.0,
+            "{side:?}: {:?}",
+            r.state
+        );
+        // Its (streaming) lists are attributed; the writes, which should be none, are reported
+        // by the table, not judged here.
+        ensure!(
+            r.requests.get("watch").copied().unwrap_or(0) >= 4,
+            "{side:?}: {:?}",
+            r.requests
+        );
+    }
+    println!("{}", bench::table(&w, p, &runs));
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     libtest_mimic::run(
@@ -100,6 +163,8 @@ fn main() {
         vec![
             trial("bench_smoke_job_burst", || Box::pin(smoke())),
             trial("bench_smoke_node_outage", || Box::pin(smoke_node_outage())),
+            trial("bench_smoke_es_flap", || Box::pin(smoke_es_flap())),
+            trial("bench_smoke_es_restart", || Box::pin(smoke_es_restart())),
         ],
     )
     .exit()

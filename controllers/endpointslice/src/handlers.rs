@@ -144,6 +144,22 @@ pub fn slice_services(
     services: &Informer<Service>,
     change: &Change<EndpointSlice>,
 ) -> Vec<String> {
+    let mut keys = slice_change_services(tracker, services, change);
+    // A Service held back by a stale cache is synced again as soon as its slices move.
+    if let Some(owner) = service_of(change.object())
+        && !keys.contains(&owner)
+        && tracker.release(&owner)
+    {
+        keys.push(owner);
+    }
+    keys
+}
+
+fn slice_change_services(
+    tracker: &SliceTracker,
+    services: &Informer<Service>,
+    change: &Change<EndpointSlice>,
+) -> Vec<String> {
     match change {
         Change::Added(s) => {
             if managed(s) && tracker.should_sync(s) {

@@ -126,6 +126,7 @@ impl EndpointSlices {
             self.metrics
                 .runtime
                 .stale_skip(crate::NAME, "endpointslices");
+            self.tracker.hold(key);
             return Err(Error::Stale(format!(
                 "EndpointSlice informer cache is out of date for Service {key}"
             )));

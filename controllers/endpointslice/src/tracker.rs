@@ -19,6 +19,9 @@ enum Expect {
 #[derive(Debug, Default)]
 pub struct SliceTracker {
     by_owner: Mutex<HashMap<String, HashMap<String, Expect>>>,
+    /// Owners whose last sync was held back by a stale cache: the next slice event for them
+    /// (the watch catching up) syncs them again at once instead of after their backoff.
+    held: Mutex<std::collections::HashSet<String>>,
 }
 
 fn owner_key(slice: &EndpointSlice) -> String {
@@ -120,6 +123,22 @@ impl SliceTracker {
     /// The owner is gone [DeleteService].
     pub fn forget(&self, owner: &str) {
         self.lock().remove(owner);
+        self.held_lock().remove(owner);
+    }
+
+    fn held_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A sync of `owner` was held back because the cache is behind our writes.
+    pub fn hold(&self, owner: &str) {
+        self.held_lock().insert(owner.to_string());
+    }
+
+    /// Whether `owner` was held back (and no longer is): a slice event for it means the watch
+    /// moved, so it is worth syncing now. Upstream waits for the key's backoff (up to 1000 s).
+    pub fn release(&self, owner: &str) -> bool {
+        self.held_lock().remove(owner)
     }
 
     /// Owners tracked (tests and leak checks).

@@ -22,6 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::time::Instant;
 
+mod endpointslices;
 mod nodes;
 mod statefulsets;
 
@@ -55,6 +56,12 @@ pub const WORKLOADS: &[&str] = &[
     "idle-scale",
     "sts-rollout",
     "sts-scale",
+    "es-rollout",
+    "es-restart",
+    "es-flap",
+    "es-flap-1s",
+    "es-flap-adaptive",
+    "es-flap-adaptive-vs-0s",
 ];
 
 /// The kube-controller-manager controllers a workload exercises: both sides run exactly these.
@@ -63,6 +70,7 @@ fn controllers_of(workload: &str) -> Vec<&'static str> {
         "cronjob-minutely" => vec!["cronjob-controller", "job-controller"],
         "node-outage" => vec!["node-lifecycle-controller", "taint-eviction-controller"],
         "sts-rollout" | "sts-scale" => vec!["statefulset-controller"],
+        w if w.starts_with("es-") => vec!["endpointslice-controller"],
         // The controllers of the first four issues, on both sides (statefulset-controller is
         // not in it yet: its results predate that controller).
         "idle-scale" => vec![
@@ -75,12 +83,36 @@ fn controllers_of(workload: &str) -> Vec<&'static str> {
     }
 }
 
+/// Flags one side gets beyond the common ones, per workload: where a workload compares settings
+/// that are not the defaults (or not the same on both sides).
+pub fn extra_args(workload: &str, side: Side) -> Vec<String> {
+    const PERIOD: &str = "--endpointslice-updates-batch-period";
+    match (workload, side) {
+        ("es-flap-1s", _) | ("es-flap-adaptive", Side::Upstream) => vec![format!("{PERIOD}=1s")],
+        ("es-flap-adaptive" | "es-flap-adaptive-vs-0s", Side::Pilothouse) => {
+            vec![format!("{PERIOD}=adaptive")]
+        }
+        ("es-flap-adaptive-vs-0s", Side::Upstream) => vec![format!("{PERIOD}=0s")],
+        // Equal settings: upstream's default 0 s on both sides (Pilothouse's own default,
+        // adaptive, is measured by the variants above).
+        ("es-flap" | "es-rollout" | "es-restart", Side::Pilothouse) => vec![format!("{PERIOD}=0s")],
+        // Readable /metrics on kube-controller-manager's secure port without credentials (a
+        // serving option only), to see when its first pass over the Services ends.
+        ("es-restart", Side::Upstream) => {
+            vec!["--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into()]
+        }
+        _ => vec![],
+    }
+}
+
 /// Whether a pair's two runs go side by side (at the same time, each on a control plane of its
 /// own) rather than one after the other. Only where both sides are bound by their client budget:
 /// the Job and CronJob workloads at upstream's 20/30, whose length is their object writes / 20 qps
 /// and which use a fraction of the machine, so running them together halves the wall clock without
 /// taking CPU from either. At 200/400 the API server is CPU-bound, and the node workloads measure
-/// sub-second latencies or an idle CPU baseline: those keep alternating order.
+/// sub-second latencies or an idle CPU baseline: those keep alternating order. So do the
+/// EndpointSlice workloads: es-rollout and es-flap measure sub-second pod → slice latencies (a
+/// second plane on 2 cores would add to both), and es-restart's pair shares one plane.
 pub fn side_by_side(w: &Workload, p: Profile) -> bool {
     p.qps <= 20
         && matches!(
@@ -281,6 +313,9 @@ struct UnderTest {
     child: Child,
     user: &'static str,
     command: String,
+    /// Its /metrics (https for kube-controller-manager, http for Pilothouse).
+    metrics_url: String,
+    log: PathBuf,
 }
 
 impl Drop for UnderTest {
@@ -293,21 +328,32 @@ impl Drop for UnderTest {
 fn start_under_test(
     side: Side,
     cluster: &Cluster,
-    controllers: &[&str],
+    workload: &str,
     p: Profile,
 ) -> Result<UnderTest> {
+    let controllers = controllers_of(workload);
     let user = match side {
         Side::Upstream => "bench-kcm",
         Side::Pilothouse => "bench-pilothouse",
     };
     let kc = user_kubeconfig(cluster, user)?;
-    let log = std::fs::File::create(cluster.dir.join(format!("logs/{user}.log")))?;
+    // A file per start: es-restart starts the same side twice on one plane.
+    let log_path = cluster.dir.join(format!(
+        "logs/{}.log",
+        unique(&format!("{user}-{workload}"))
+    ));
+    let log = std::fs::File::create(&log_path)?;
+    let port = cluster.reserve_port()?;
+    let metrics_url = match side {
+        Side::Upstream => format!("https://127.0.0.1:{port}/metrics"),
+        Side::Pilothouse => format!("http://127.0.0.1:{port}/metrics"),
+    };
     let mut cmd = match side {
         Side::Upstream => {
             let mut c = Command::new(cluster.bin_dir()?.join("kube-controller-manager"));
             c.arg(format!("--kubeconfig={}", kc.display()))
                 .arg("--bind-address=127.0.0.1")
-                .arg(format!("--secure-port={}", cluster.reserve_port()?))
+                .arg(format!("--secure-port={port}"))
                 .arg("--leader-elect=false")
                 .arg(format!("--controllers={}", controllers.join(",")));
             c
@@ -315,14 +361,15 @@ fn start_under_test(
         Side::Pilothouse => {
             let mut c = Command::new(release_binary()?);
             c.arg(format!("--kubeconfig={}", kc.display()))
-                .arg("--metrics-bind-address=127.0.0.1:0")
+                .arg(format!("--metrics-bind-address=127.0.0.1:{port}"))
                 .arg("--leader-elect=false")
                 .arg(format!("--controllers={}", controllers.join(",")));
             c
         }
     };
     cmd.arg(format!("--kube-api-qps={}", p.qps))
-        .arg(format!("--kube-api-burst={}", p.burst));
+        .arg(format!("--kube-api-burst={}", p.burst))
+        .args(extra_args(workload, side));
     let command = format!("{cmd:?}");
     let child = cmd
         .stdout(log.try_clone()?)
@@ -333,6 +380,8 @@ fn start_under_test(
         child,
         user,
         command,
+        metrics_url,
+        log: log_path,
     })
 }
 
@@ -421,7 +470,7 @@ pub async fn run_once(
     log: &mut (dyn FnMut(String) + Send),
 ) -> Result<RunResult> {
     let (cluster, client) = fresh_cluster(w, side.name()).await?;
-    let under = start_under_test(side, &cluster, &controllers_of(w.name), p)?;
+    let under = start_under_test(side, &cluster, w.name, p)?;
     log(format!("  {} ran: {}", side.name(), under.command));
     let pid = under.child.id();
     // Let the process under test list and settle before the clock starts.
@@ -432,6 +481,10 @@ pub async fn run_once(
         "node-outage" => nodes::node_outage(&client, NS, w.scale).await?,
         "sts-rollout" => statefulsets::rollout(&client, NS, w.scale).await?,
         "sts-scale" => statefulsets::scale_up_and_down(&client, NS, w.scale).await?,
+        "es-rollout" => endpointslices::rollout(&client, NS, w.scale).await?,
+        name if name.starts_with("es-flap") => {
+            endpointslices::flap(&client, NS, w.scale, pid, log).await?
+        }
         _ => job_workload(&client, NS, w).await?,
     };
     let r = finish(&cluster, &under, cpu0, o).await;
@@ -458,7 +511,7 @@ async fn run_idle_pair(
     ));
     let mut out = Vec::new();
     for side in order {
-        let under = start_under_test(side, &cluster, &controllers_of(w.name), p)?;
+        let under = start_under_test(side, &cluster, w.name, p)?;
         log(format!("  {} ran: {}", side.name(), under.command));
         let o = nodes::idle_window(&client, NS, under.child.id(), &seeded).await?;
         out.push((side, finish(&cluster, &under, 0.0, o).await?));
@@ -865,7 +918,7 @@ pub async fn run_pairs(
             }
             continue;
         }
-        if w.name == "idle-scale" {
+        if matches!(w.name, "idle-scale" | "es-restart") {
             log(format!(
                 "{} pair {}/{pairs}: {} then {}",
                 w.name,
@@ -873,9 +926,12 @@ pub async fn run_pairs(
                 order[0].name(),
                 order[1].name()
             ));
-            let pair = run_idle_pair(w, order, p, log)
-                .await
-                .with_context(|| format!("{} pair {}", w.name, i + 1))?;
+            let pair = if w.name == "es-restart" {
+                endpointslices::restart_pair(w, order, p, log).await
+            } else {
+                run_idle_pair(w, order, p, log).await
+            }
+            .with_context(|| format!("{} pair {}", w.name, i + 1))?;
             for (side, r) in pair {
                 log(format!("  {}:{}", side.name(), report(&r)));
                 runs.push((side, r));
@@ -936,6 +992,28 @@ pub fn table(w: &Workload, p: Profile, runs: &[(Side, RunResult)]) -> String {
             "order alternating"
         }
     );
+    let (up_args, ph_args) = (
+        extra_args(w.name, Side::Upstream),
+        extra_args(w.name, Side::Pilothouse),
+    );
+    if !up_args.is_empty() || !ph_args.is_empty() {
+        let show = |a: Vec<String>| {
+            if a.is_empty() {
+                "defaults".to_string()
+            } else {
+                format!("`{}`", a.join(" "))
+            }
+        };
+        out = out.replacen(
+            "\n\n|",
+            &format!(
+                "\n\nFlags beyond the common ones: upstream {}; Pilothouse {}.\n\n|",
+                show(up_args),
+                show(ph_args)
+            ),
+            1,
+        );
+    }
     type Metric = (&'static str, fn(&RunResult) -> f64);
     let metrics: [Metric; 6] = [
         ("time to converge (s)", |r| r.converge_seconds),
