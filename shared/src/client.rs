@@ -24,6 +24,25 @@ pub trait WriteFence: Send + Sync + std::fmt::Debug {
     fn may_write(&self) -> bool;
 }
 
+/// How long a low-priority request (an event) waits for a token its controller's object writes
+/// leave free before it is given up.
+pub const LOW_PRIORITY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// After this long without a free token, a low-priority request queues like any other, one at
+/// a time: events keep trickling out under a saturated budget instead of starving, while
+/// object writes keep almost all of it.
+pub const LOW_PRIORITY_STARVED: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A low-priority request gave up: the controller's budget stayed taken by its object writes.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "gave up {method} {path} after {LOW_PRIORITY_PATIENCE:?}: the controller's API budget stayed taken"
+)]
+pub struct BudgetExhausted {
+    pub method: Method,
+    pub path: String,
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("refused {method} {path}: this replica is not (or no longer surely) the leader")]
 pub struct NotLeading {
@@ -82,6 +101,7 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
                 .bucket
                 .unwrap_or_else(|| Arc::new(TokenBucket::new(f64::from(spec.qps), spec.burst))),
             low_priority: spec.low_priority,
+            starved: tokio::sync::Semaphore::new(1),
             user_agent: HeaderValue::from_str(&user_agent(&spec.controller))
                 .unwrap_or_else(|_| HeaderValue::from_static("pilothouse")),
             controller: spec.controller,
@@ -98,6 +118,8 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
 struct Shared {
     bucket: Arc<TokenBucket>,
     low_priority: bool,
+    /// One starved low-priority request at a time takes a reservation.
+    starved: tokio::sync::Semaphore,
     user_agent: HeaderValue,
     controller: String,
     host: String,
@@ -158,6 +180,7 @@ where
         } else {
             Some(shared.bucket.reserve())
         };
+        let path = req.uri().path().to_string();
         // Futures are lazy: nothing is sent before the throttle delay has passed.
         let fut = self.inner.call(req);
         Box::pin(async move {
@@ -173,7 +196,21 @@ where
                     let mut waited = false;
                     while let Err(d) = shared.bucket.take_if_free() {
                         waited = true;
-                        tokio::time::sleep(d).await;
+                        let elapsed = t.elapsed();
+                        if elapsed < LOW_PRIORITY_STARVED {
+                            tokio::time::sleep(d.min(LOW_PRIORITY_STARVED - elapsed)).await;
+                            continue;
+                        }
+                        // Starved: queue behind the writes already reserved, one at a time.
+                        let patience = LOW_PRIORITY_PATIENCE.saturating_sub(elapsed);
+                        let permit = tokio::time::timeout(patience, shared.starved.acquire()).await;
+                        let Ok(Ok(_permit)) = permit else {
+                            return Err(Box::new(BudgetExhausted { method, path }) as BoxError);
+                        };
+                        if shared.bucket.take_if_free().is_err() {
+                            tokio::time::sleep(shared.bucket.reserve()).await;
+                        }
+                        break;
                     }
                     waited
                 }

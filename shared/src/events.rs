@@ -248,6 +248,30 @@ impl Correlator {
 /// 1,000 and drops beyond).
 pub const MAX_PENDING_EVENTS: usize = 1000;
 
+/// One queued event write; its slot is given back when dropped.
+struct PendingSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Whether a write failed because its low-priority wait for the budget ran out.
+fn gave_up(e: &kube::Error) -> bool {
+    let kube::Error::Service(s) = e else {
+        return false;
+    };
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(s.as_ref());
+    while let Some(err) = cur {
+        if err.is::<crate::client::BudgetExhausted>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
 #[derive(Clone)]
 pub struct EventRecorder {
     writer: Writer,
@@ -369,11 +393,18 @@ impl EventRecorder {
         }
         let this = self.clone();
         let (regarding, reason) = (regarding.clone(), reason.to_string());
+        let slot = PendingSlot(Arc::clone(&self.pending));
         tokio::spawn(async move {
+            // Released however the write ends (a panic or a cancelled task included).
+            let _slot = slot;
             if let Err(e) = this.write(write, &regarding, type_, &reason, now).await {
-                tracing::warn!(reason = %reason, error = %e, "failed to write event");
+                if gave_up(&e) {
+                    this.dropped.inc();
+                    tracing::debug!(reason = %reason, "event dropped: the API budget stayed taken");
+                } else {
+                    tracing::warn!(reason = %reason, error = %e, "failed to write event");
+                }
             }
-            this.pending.fetch_sub(1, Ordering::AcqRel);
         });
     }
 

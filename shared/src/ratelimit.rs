@@ -54,7 +54,8 @@ impl TokenBucket {
         if s.tokens >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-s.tokens / self.qps)
+            // Bounded: a tiny qps must not make an out-of-range (panicking) Duration.
+            Duration::from_secs_f64((-s.tokens / self.qps).clamp(0.0, 1e9))
         }
     }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 const QPS: f64 = 5.0;
 const BURST: f64 = 5.0;
 const WINDOW_SECONDS: f64 = 10.0;
+const JITTER_SECONDS: f64 = 0.5;
 
 /// The most requests any `WINDOW_SECONDS` window holds, for sorted times in seconds.
 fn busiest_window(times: &[f64]) -> usize {
@@ -81,7 +82,10 @@ async fn job_burst_within_budget() -> Result<()> {
                 && e.received().is_some_and(|t| t >= since)
         })
         .count();
-    let limit = (QPS * WINDOW_SECONDS + BURST) as usize;
+    // The bucket acts when requests are sent, the audit log stamps when they are received:
+    // half a second of delivery jitter can squeeze a little more into a 10 s window. Twice the
+    // budget (events on a bucket of their own) would still be far over.
+    let limit = (QPS * (WINDOW_SECONDS + JITTER_SECONDS) + BURST) as usize;
     let mut report = Vec::new();
     for (controller, times) in &mut by_controller {
         times.sort_by(f64::total_cmp);

@@ -565,6 +565,12 @@ async fn e7_self_healing() -> Result<()> {
     n.slices.create(&PostParams::default(), &foreign).await?;
     // Same-name Service recreated: its old slices are deleted and new ones created.
     let old_uid = n.services.get("heal").await?.metadata.uid;
+    let old_slices: Vec<String> = n
+        .slices_of("heal")
+        .await?
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
     n.services.delete("heal", &DeleteParams::default()).await?;
     wait::until(
         "service gone",
@@ -573,6 +579,7 @@ async fn e7_self_healing() -> Result<()> {
         || async { Ok(n.services.get_opt("heal").await?.is_none().then_some(())) },
     )
     .await?;
+    let recreated_at = k8s_openapi::jiff::Timestamp::now();
     let svc = n.create_service(&service("heal", json!({}))?).await?;
     let new_uid = svc.metadata.uid.clone().context("uid")?;
     n.wait_slices(
@@ -592,6 +599,23 @@ async fn e7_self_healing() -> Result<()> {
     )
     .await?;
     ensure!(Some(new_uid) != old_uid);
+    // ES-14 step 2: never an update of a slice of the old Service (the garbage collector would
+    // delete them anyway, so only the audit log tells whether we updated one).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for e in audit::read(&cluster().audit_log())? {
+        let Some(o) = &e.object_ref else { continue };
+        ensure!(
+            !(e.stage == "ResponseComplete"
+                && e.user.username == SA
+                && e.verb == "update"
+                && o.resource == "endpointslices"
+                && o.namespace == n.ns
+                && old_slices.contains(&o.name)
+                && e.received().is_some_and(|t| t > recreated_at)),
+            "slice {} of the old Service was updated",
+            o.name
+        );
+    }
     let theirs = n.slices.get("theirs").await?;
     ensure!(
         endpoints(&theirs).len() == 1,

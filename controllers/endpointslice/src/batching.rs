@@ -72,16 +72,23 @@ impl Batcher {
             return d;
         }
         let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
-        match released.get(key) {
-            // Inside the window of the last release: coalesce at its end.
-            Some(last) if now.saturating_duration_since(*last) < ADAPTIVE_WINDOW => {
-                ADAPTIVE_WINDOW.saturating_sub(now.saturating_duration_since(*last))
+        match released.get(key).copied() {
+            // A coalesced release is already due at the end of the window: join it.
+            Some(at) if at > now => at.saturating_duration_since(now),
+            // Within a window that began with a release: coalesce at its end, which also
+            // begins the next window (so a change just after it waits too).
+            Some(last) if now.saturating_duration_since(last) < ADAPTIVE_WINDOW => {
+                let at = shared::queue::far_or(last, ADAPTIVE_WINDOW);
+                released.insert(key.to_string(), at);
+                at.saturating_duration_since(now)
             }
             _ => {
                 released.insert(key.to_string(), now);
                 // Entries older than a window decide nothing: drop them now and then.
                 if released.len() > 4096 && released.len().is_power_of_two() {
-                    released.retain(|_, t| now.saturating_duration_since(*t) < ADAPTIVE_WINDOW);
+                    released.retain(|_, t| {
+                        *t > now || now.saturating_duration_since(*t) < ADAPTIVE_WINDOW
+                    });
                 }
                 Duration::ZERO
             }
@@ -140,6 +147,10 @@ mod tests {
             Duration::from_millis(500)
         );
         assert_eq!(b.delay("ns/b", t1), Duration::ZERO, "per Service");
+        // The coalesced release at t0 + 1 s begins the next window: a change just after it
+        // waits for t0 + 2 s instead of going at once.
+        let just_after = t0 + Duration::from_millis(1001);
+        assert_eq!(b.delay("ns/a", just_after), Duration::from_millis(999));
         let later = t0 + Duration::from_secs(5);
         assert_eq!(
             b.delay("ns/a", later),

@@ -229,6 +229,21 @@ impl Metrics {
         }
     }
 
+    /// A family the Service no longer has: its totals leave the gauges.
+    pub fn forget_family(&self, service: &str, address_type: &str) {
+        let mut e = self.efficiency.lock().unwrap_or_else(|p| p.into_inner());
+        let key = e
+            .by_service
+            .keys()
+            .find(|(s, t)| s == service && *t == address_type)
+            .cloned();
+        if let Some(old) = key.and_then(|k| e.by_service.remove(&k)) {
+            let old = e.totals(&old);
+            e.add(old, -1);
+            self.publish(&e);
+        }
+    }
+
     /// [DeleteService].
     pub fn forget_service(&self, service: &str) {
         let mut e = self.efficiency.lock().unwrap_or_else(|p| p.into_inner());

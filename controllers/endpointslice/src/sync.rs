@@ -121,16 +121,19 @@ impl EndpointSlices {
             .into_iter()
             .filter(|p| selects(selector, p.metadata.labels.as_ref()))
             .collect();
+        // Held before the cache is read: a slice event landing between the read and a later
+        // hold would find nothing to release, and the Service would wait out its backoff.
+        self.tracker.hold(key);
         let slices = self.managed_slices(key);
         if self.tracker.stale(key, &slices) {
             self.metrics
                 .runtime
                 .stale_skip(crate::NAME, "endpointslices");
-            self.tracker.hold(key);
             return Err(Error::Stale(format!(
                 "EndpointSlice informer cache is out of date for Service {key}"
             )));
         }
+        self.tracker.release(key);
         let trigger = self.triggers.compute(
             key,
             svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -150,6 +153,7 @@ impl EndpointSlices {
         for slice in &slices {
             if !families.contains(slice.address_type.as_str()) {
                 self.topology.remove_hints(key, &slice.address_type);
+                self.metrics.forget_family(key, &slice.address_type);
                 unused.push(Arc::clone(slice));
             }
         }
@@ -191,16 +195,17 @@ impl EndpointSlices {
             let (writes, topology_label, distribution) =
                 self.hints(&svc, key, &existing, typed, &mut events);
             let changed = writes.create.len() + writes.update.len() + writes.delete.len();
-            if let Err(e) = act.write(writes, trigger).await {
-                errors.push(e.to_string());
+            match act.write(writes, trigger).await {
+                Ok(()) => self
+                    .metrics
+                    .changed_per_sync
+                    .get_or_create(&ChangedLabels {
+                        topology: topology_label.into(),
+                        traffic_distribution: distribution,
+                    })
+                    .observe(changed as f64),
+                Err(e) => errors.push(e.to_string()),
             }
-            self.metrics
-                .changed_per_sync
-                .get_or_create(&ChangedLabels {
-                    topology: topology_label.into(),
-                    traffic_distribution: distribution,
-                })
-                .observe(changed as f64);
         }
         for slice in &unused {
             if let Err(e) = act.delete(std::slice::from_ref(slice)).await {
@@ -221,7 +226,10 @@ impl EndpointSlices {
         if errors.is_empty() {
             return Ok(Next::Done);
         }
-        // Go's aggregate error text.
+        // Go's aggregate error text, which drops repeated messages (a pod skipped for a
+        // missing node is reported once, not per address family).
+        let mut seen = std::collections::HashSet::new();
+        errors.retain(|e| seen.insert(e.clone()));
         let message = if errors.len() == 1 {
             errors.remove(0)
         } else {
@@ -354,6 +362,14 @@ impl EndpointSlices {
                 );
             }
             return Ok(Next::Done);
+        }
+        if self.tracker.stale(key, &slices) {
+            self.metrics
+                .runtime
+                .stale_skip(crate::NAME, "endpointslices");
+            return Err(Error::Stale(format!(
+                "EndpointSlice informer cache is out of date for Service {key}"
+            )));
         }
         self.set_retained(key, 0);
         let (namespace, _) = split_key(key);

@@ -66,8 +66,8 @@ impl SliceTracker {
             .get(&owner_key(slice))
             .and_then(|m| m.get(&uid(slice)))
         {
-            None => true,
-            Some(Expect::Deletion) => false,
+            // Upstream stores deletion as generation -1, so any update of it is news.
+            None | Some(Expect::Deletion) => true,
             Some(Expect::Generation(g)) => generation(slice) > *g,
         }
     }
