@@ -26,12 +26,16 @@ pub trait WriteFence: Send + Sync + std::fmt::Debug {
 
 /// How long a low-priority request (an event) waits for a token its controller's object writes
 /// leave free before it is given up.
-pub const LOW_PRIORITY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+pub const LOW_PRIORITY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// After this long without a free token, a low-priority request queues like any other, one at
-/// a time: events keep trickling out under a saturated budget instead of starving, while
-/// object writes keep almost all of it.
+/// After this long without a free token, a low-priority request queues like any other, at most
+/// [`LOW_PRIORITY_QUEUED`] at a time: events keep flowing under a saturated budget instead of
+/// starving (upstream's share the client first come, first served), while object writes keep
+/// most of it.
 pub const LOW_PRIORITY_STARVED: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Starved low-priority requests queued among the object writes at once.
+pub const LOW_PRIORITY_QUEUED: usize = 4;
 
 /// A low-priority request gave up: the controller's budget stayed taken by its object writes.
 #[derive(Debug, thiserror::Error)]
@@ -101,7 +105,7 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
                 .bucket
                 .unwrap_or_else(|| Arc::new(TokenBucket::new(f64::from(spec.qps), spec.burst))),
             low_priority: spec.low_priority,
-            starved: tokio::sync::Semaphore::new(1),
+            starved: tokio::sync::Semaphore::new(LOW_PRIORITY_QUEUED),
             user_agent: HeaderValue::from_str(&user_agent(&spec.controller))
                 .unwrap_or_else(|_| HeaderValue::from_static("pilothouse")),
             controller: spec.controller,
@@ -118,7 +122,7 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
 struct Shared {
     bucket: Arc<TokenBucket>,
     low_priority: bool,
-    /// One starved low-priority request at a time takes a reservation.
+    /// At most [`LOW_PRIORITY_QUEUED`] starved low-priority requests hold a reservation.
     starved: tokio::sync::Semaphore,
     user_agent: HeaderValue,
     controller: String,
@@ -201,7 +205,7 @@ where
                             tokio::time::sleep(d.min(LOW_PRIORITY_STARVED - elapsed)).await;
                             continue;
                         }
-                        // Starved: queue behind the writes already reserved, one at a time.
+                        // Starved: queue behind the writes already reserved, a few at a time.
                         let patience = LOW_PRIORITY_PATIENCE.saturating_sub(elapsed);
                         let permit = tokio::time::timeout(patience, shared.starved.acquire()).await;
                         let Ok(Ok(_permit)) = permit else {

@@ -397,10 +397,7 @@ async fn j3_backoff() -> Result<()> {
         .collect();
     println!("MEASURE j3 creation gaps {gaps:?} (want ≥10 then ≥20 after each failure)");
     ensure!(gaps[0] >= 9.0 && gaps[1] >= 19.0, "gaps {gaps:?}");
-    ensure!(
-        !j.events("fail", "BackoffLimitExceeded").await?.is_empty(),
-        "no BackoffLimitExceeded event"
-    );
+    j.wait_event("fail", "BackoffLimitExceeded").await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(j.pods_of("fail").await?.len() == 3, "a 4th pod appeared");
     // B-1: one Ready pod keeps running while the other fails and waits on backoff.
@@ -715,16 +712,7 @@ async fn j7_suspend() -> Result<()> {
         j.pods_of("sus").await?.is_empty(),
         "pods for a suspended Job"
     );
-    // Events yield to object writes in the controller's one budget (issue 17 §3): with the
-    // suite's Jobs running side by side, the event may follow the condition by seconds.
-    let suspended_event = wait::until(
-        "Suspended event",
-        Duration::from_secs(40),
-        Duration::from_millis(500),
-        || async { Ok((!j.events("sus", "Suspended").await?.is_empty()).then_some(())) },
-    )
-    .await;
-    ensure!(suspended_event.is_ok(), "no Suspended event");
+    j.wait_event("sus", "Suspended").await?;
     set_suspend(&j, "sus", false).await?;
     let job = wait::until(
         "resumed",
@@ -754,10 +742,7 @@ async fn j7_suspend() -> Result<()> {
             .is_some(),
         "no startTime after resume"
     );
-    ensure!(
-        !j.events("sus", "Resumed").await?.is_empty(),
-        "no Resumed event"
-    );
+    j.wait_event("sus", "Resumed").await?;
     j.wait_condition("sus", "Complete", Duration::from_secs(60))
         .await?;
     // (b) a running Job suspended for longer than its deadline, then resumed.
@@ -852,10 +837,7 @@ async fn j8_deadline() -> Result<()> {
             == Some("DeadlineExceeded")
     );
     ensure!(counts(&job).4 == 2, "failed {:?}", counts(&job));
-    ensure!(
-        !j.events("ads", "DeadlineExceeded").await?.is_empty(),
-        "no DeadlineExceeded event"
-    );
+    j.wait_event("ads", "DeadlineExceeded").await?;
     // Lowering the deadline below the elapsed time fails a running Job promptly.
     j.create(&jobs::job(
         "lower",

@@ -167,6 +167,19 @@ impl Jobs {
     ) -> Result<Vec<k8s_openapi::api::events::v1::Event>> {
         crate::k8s::events(&self.client, &self.ns, name, reason).await
     }
+
+    /// Waits for an event of `reason` on the Job `name`. Events yield to the controller's
+    /// object writes in its one API budget, so one may trail the status it reports by seconds
+    /// when the budget is busy.
+    pub async fn wait_event(&self, name: &str, reason: &str) -> Result<()> {
+        crate::wait::until(
+            &format!("{reason} event on {name}"),
+            Duration::from_secs(40),
+            Duration::from_millis(500),
+            || async { Ok((!self.events(name, reason).await?.is_empty()).then_some(())) },
+        )
+        .await
+    }
 }
 
 pub fn has_finalizer(p: &Pod) -> bool {
