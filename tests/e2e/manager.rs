@@ -316,7 +316,7 @@ async fn controllers_flag() -> Result<()> {
 
     let mut planned = spawn(
         "e-planned",
-        &election_args(&lease, &["--controllers=endpointslice"]),
+        &election_args(&lease, &["--controllers=node-maintenance-controller"]),
     )?;
     let status = planned.wait_exit(Duration::from_secs(10)).await?;
     ensure!(
@@ -326,7 +326,7 @@ async fn controllers_flag() -> Result<()> {
     ensure!(
         planned
             .log_text()
-            .contains("\"endpointslice\" is planned but not built yet"),
+            .contains("\"node-maintenance-controller\" is planned but not built yet"),
         "{}",
         planned.log_text()
     );
@@ -336,7 +336,7 @@ async fn controllers_flag() -> Result<()> {
         &election_args(
             &lease,
             &[
-                "--controllers=*,-job-controller,-node-lifecycle-controller,-cronjob-controller,-statefulset-controller",
+                "--controllers=*,-job-controller,-node-lifecycle-controller,-cronjob-controller,-statefulset-controller,-endpointslice-controller,-endpointslice-mirroring-controller",
             ],
         ),
     )?;
@@ -396,7 +396,7 @@ async fn controllers_flag_limits_watches() -> Result<()> {
         };
 
     // Each controller alone: it starts, and the caches watch exactly what it reads.
-    let alone: [(&str, &str, &[&str]); 4] = [
+    let alone: [(&str, &str, &[&str]); 6] = [
         (
             "taint-eviction-controller",
             "taint-eviction-controller",
@@ -409,6 +409,16 @@ async fn controllers_flag_limits_watches() -> Result<()> {
         ),
         ("job", "job-controller", &["jobs", "pods"]),
         ("cronjob", "cronjob-controller", &["cronjobs", "jobs"]),
+        (
+            "endpointslice",
+            "endpointslice-controller",
+            &["endpointslices", "nodes", "pods", "services"],
+        ),
+        (
+            "endpointslicemirroring",
+            "endpointslice-mirroring-controller",
+            &["endpoints", "endpointslices", "services"],
+        ),
     ];
     for (flag, name, want) in alone {
         let start = k8s_openapi::jiff::Timestamp::now();
@@ -445,7 +455,7 @@ async fn controllers_flag_limits_watches() -> Result<()> {
         &own.kubeconfig,
         &dir,
         &[
-            "--controllers=*,-taint-eviction-controller,-node-lifecycle-controller,-job-controller,-cronjob-controller,-statefulset-controller"
+            "--controllers=*,-taint-eviction-controller,-node-lifecycle-controller,-job-controller,-cronjob-controller,-statefulset-controller,-endpointslice-controller,-endpointslice-mirroring-controller"
                 .to_string(),
         ],
     )?;
