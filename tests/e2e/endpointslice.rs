@@ -42,17 +42,6 @@ async fn ns(prefix: &str) -> Result<Ns> {
     })
 }
 
-fn merge(into: &mut Value, from: &Value) {
-    match (into, from) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b.clone(),
-    }
-}
-
 /// A Service selecting `app: <name>` with ports 80→8080 (`plain`) and 81→`web` (`named`).
 fn service(name: &str, extra: Value) -> Result<Service> {
     let mut v = json!({
@@ -65,7 +54,7 @@ fn service(name: &str, extra: Value) -> Result<Service> {
             ]
         }
     });
-    merge(&mut v, &extra);
+    k8s::merge_json(&mut v, &extra);
     Ok(serde_json::from_value(v)?)
 }
 
@@ -79,7 +68,7 @@ fn pod(app: &str, name: &str, extra: Value) -> Result<Pod> {
             "containers": [{"name": "c", "image": "nginx:1", "ports": [{"name": "web", "containerPort": 9000}]}]
         }
     });
-    merge(&mut v, &extra);
+    k8s::merge_json(&mut v, &extra);
     Ok(serde_json::from_value(v)?)
 }
 
@@ -663,7 +652,7 @@ async fn e9_topology() -> Result<()> {
             .await?;
     }
     let mut unready = on_node(0);
-    merge(
+    k8s::merge_json(
         &mut unready,
         &json!({"metadata": {"annotations": {"pilothouse.test/not-ready": "x"}}}),
     );

@@ -53,17 +53,6 @@ const ADMIN_USER: &str = "pilothouse-admin";
 const FOREIGN: &str = "pilothouse.test/foreign";
 const NOT_READY: &str = "pilothouse.test/not-ready";
 
-fn merge(into: &mut Value, from: &Value) {
-    match (into, from) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b.clone(),
-    }
-}
-
 /// A Service selecting `app: <name>`: 80→8080 (`plain`) and `http`→`web` (E1's ports).
 fn service(name: &str, extra: Value) -> Result<Service> {
     let mut v = json!({
@@ -76,7 +65,7 @@ fn service(name: &str, extra: Value) -> Result<Service> {
             ]
         }
     });
-    merge(&mut v, &extra);
+    k8s::merge_json(&mut v, &extra);
     Ok(serde_json::from_value(v)?)
 }
 
@@ -90,7 +79,7 @@ fn pod(app: &str, name: &str, extra: &Value) -> Result<Pod> {
             "containers": [{"name": "c", "image": "nginx:1", "ports": [{"name": "web", "containerPort": 9000}]}]
         }
     });
-    merge(&mut v, extra);
+    k8s::merge_json(&mut v, extra);
     Ok(serde_json::from_value(v)?)
 }
 
@@ -915,7 +904,7 @@ async fn e9_topology(planes: &[Plane; 2]) -> Result<Scenario> {
         .await?;
         placeholders(&p.client, &ns, &["close"]).await?;
         let mut unready = on_node(0);
-        merge(
+        k8s::merge_json(
             &mut unready,
             &json!({"metadata": {"annotations": {NOT_READY: "x"}}}),
         );

@@ -56,19 +56,8 @@ fn set(name: &str, replicas: i32, extra: Value) -> Result<StatefulSet> {
             }
         }
     });
-    merge(&mut v["spec"], &extra);
+    k8s::merge_json(&mut v["spec"], &extra);
     Ok(serde_json::from_value(v)?)
-}
-
-fn merge(into: &mut Value, from: &Value) {
-    match (into, from) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b.clone(),
-    }
 }
 
 impl Ns {
@@ -674,7 +663,7 @@ async fn s6_broken_first_template_is_replaced() -> Result<()> {
     for (name, replicas) in [("one", 1), ("three", 3)] {
         let mut s = set(name, replicas, json!({"podManagementPolicy": "Parallel"}))?;
         let mut spec = serde_json::to_value(&s.spec)?;
-        merge(&mut spec, &broken());
+        k8s::merge_json(&mut spec, &broken());
         s.spec = serde_json::from_value(spec)?;
         n.create(&s).await?;
         n.until_status(name, "pods created", 30, |s| {

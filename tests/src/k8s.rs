@@ -221,3 +221,17 @@ pub fn until(deadline: Timestamp) -> Duration {
 pub fn since(t: Timestamp) -> f64 {
     t.duration_until(Timestamp::now()).as_secs_f64()
 }
+
+/// Deep-merges `from` into `into`: objects key by key, anything else replaced (a JSON merge
+/// patch without deletions), for building test objects from a base and the fields a trial sets.
+pub fn merge_json(into: &mut serde_json::Value, from: &serde_json::Value) {
+    use serde_json::Value;
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge_json(a.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b.clone(),
+    }
+}
