@@ -21,7 +21,6 @@ use endpointslice::sync::{INDEX_SERVICE, slice_by_service};
 use endpointslice::tracker::SliceTracker;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use shared::apierr::{Classify, ErrorKind};
 use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
 use shared::flags::duration_arg;
 use shared::informers::object_key;
@@ -62,32 +61,9 @@ impl Default for EndpointSliceMirroringOptions {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Api(#[from] shared::apierr::Failed),
-    /// MR-7: the slice cache has not caught up with this controller's writes.
-    #[error("{0}")]
-    Stale(String),
-    /// Deletes that failed, in upstream's aggregate form (the sync is retried).
-    #[error("{0}")]
-    Sync(String),
-}
-
-impl Classify for Error {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Api(e) => e.kind(),
-            Error::Stale(_) => ErrorKind::StaleCache,
-            Error::Sync(_) => ErrorKind::Other,
-        }
-    }
-}
-
-/// An API error with what the sync was doing.
-pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    shared::apierr::doing(what)
-}
+/// The EndpointSlice controller's error: the same three outcomes (an API failure, a slice cache
+/// behind this controller's writes (MR-7), deletes that failed in Go's aggregate form).
+pub use endpointslice::{Error, api};
 
 pub(crate) fn key_of(endpoints: &Endpoints) -> String {
     object_key(endpoints)

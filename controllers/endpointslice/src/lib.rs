@@ -65,10 +65,12 @@ pub struct EndpointSliceOptions {
 pub enum Error {
     #[error(transparent)]
     Api(#[from] shared::apierr::Failed),
-    /// ES-15: the slice cache has not caught up with this controller's writes.
+    /// ES-15 (MR-7 for mirroring): the slice cache has not caught up with this controller's
+    /// writes.
     #[error("{0}")]
     Stale(String),
-    /// Writes or pods that failed, in Go's aggregate form (the sync is retried).
+    /// Writes or pods that failed, in Go's aggregate form (the sync is retried). The mirroring
+    /// controller shares this enum.
     #[error("{0}")]
     Sync(String),
 }
@@ -84,7 +86,7 @@ impl Classify for Error {
 }
 
 /// An API error with what the sync was doing.
-pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+pub fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     shared::apierr::doing(what)
 }
 
