@@ -1,0 +1,1 @@
+//! The operator's command: pilothouse maintenance (helper "cli" owns this file).
