@@ -6,6 +6,8 @@ use shared::flags::{ManagerOptions, SetFlags};
 use shared::manager::{self, Exit};
 use std::process::ExitCode;
 
+mod crds;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "pilothouse",
@@ -35,6 +37,9 @@ struct Cli {
 enum Command {
     /// Checks a CronJob schedule and prints its next run times, on the controller's own code.
     Schedule(cronjob::cli::ScheduleArgs),
+    /// Prints the CustomResourceDefinitions this binary serves (generated from its types), or
+    /// writes one file per CRD with --output-dir (how crds/ is made).
+    Crd(crds::CrdArgs),
 }
 
 /// `--version`: the crate version and the bundled IANA time zone release (CR-12).
@@ -68,8 +73,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    if let Some(Command::Schedule(args)) = &cli.command {
-        return cronjob::cli::run(&cli.cronjob, args);
+    match &cli.command {
+        Some(Command::Schedule(args)) => return cronjob::cli::run(&cli.cronjob, args),
+        Some(Command::Crd(args)) => return crds::run(args),
+        None => {}
     }
     let set = SetFlags::from_matches(&command, &matches);
     shared::logging::init(cli.manager.logging_format, cli.manager.verbosity);
