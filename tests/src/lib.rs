@@ -11,6 +11,7 @@ pub mod harness;
 pub mod heartbeat;
 pub mod jobs;
 pub mod k8s;
+pub mod maintenance;
 pub mod pilothouse;
 pub mod provisioner;
 pub mod proxy;
