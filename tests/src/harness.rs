@@ -75,6 +75,18 @@ pub fn main(
     suite_pilothouse: Option<SuitePilothouse>,
     trials: Vec<Trial>,
 ) -> ! {
+    main_with_setup(suite, opts, |_| Ok(()), suite_pilothouse, trials)
+}
+
+/// [`main`], with `setup` run on the control plane before Pilothouse starts (e.g. installing a
+/// CRD whose objects Pilothouse's caches list at start).
+pub fn main_with_setup(
+    suite: &str,
+    opts: ClusterOptions,
+    setup: impl FnOnce(&Cluster) -> Result<()>,
+    suite_pilothouse: Option<SuitePilothouse>,
+    trials: Vec<Trial>,
+) -> ! {
     let mut args = Arguments::from_args();
     // Real-clock tests mostly wait: run them side by side.
     args.test_threads.get_or_insert(16);
@@ -90,6 +102,11 @@ pub fn main(
         match up {
             Ok(c) => {
                 let _ = CLUSTER.set(c);
+                if let Err(e) = setup(cluster()) {
+                    eprintln!("suite setup failed: {e:#}");
+                    stop(true);
+                    std::process::exit(1);
+                }
             }
             Err(e) => {
                 eprintln!("could not start the local control plane: {e:#}");
