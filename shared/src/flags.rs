@@ -57,7 +57,10 @@ impl FeatureGates {
                     "invalid value of {name}={value}, err: not a boolean"
                 ))
             })?;
-            match name.trim() {
+            // kcm 1.37 also takes `component:Name`; `kube` is the only component it has.
+            let name = name.trim();
+            let name = name.strip_prefix("kube:").unwrap_or(name);
+            match name {
                 "TaintTolerationComparisonOperators" => {
                     gates.taint_toleration_comparison_operators = value
                 }
@@ -75,12 +78,17 @@ impl FeatureGates {
                         "feature gate ignored: Pilothouse does not implement this alpha feature"
                     );
                 }
+                name if kcm::is_gate(name) => {
+                    tracing::warn!(
+                        gate = name,
+                        value,
+                        "feature gate of kube-controller-manager 1.37 accepted and ignored: no Pilothouse controller reads it"
+                    );
+                }
                 other => {
                     return Err(FlagError::FeatureGate(format!(
-                        "unrecognized feature gate: {other} (known: {})",
-                        [Self::KNOWN, Self::ALWAYS_ON, Self::NOT_BUILT]
-                            .concat()
-                            .join(", ")
+                        "unrecognized feature gate: {other} (Pilothouse reads: {})",
+                        Self::KNOWN.join(", ")
                     )));
                 }
             }
@@ -263,7 +271,20 @@ pub fn resolve_controllers(
             Some(n) => (n, false),
             None => (raw, true),
         };
-        let info = canonical(name)?;
+        let info = match canonical(name) {
+            Ok(info) => info,
+            Err(e) => match kcm::controller(name) {
+                Some(upstream) => {
+                    tracing::warn!(
+                        controller = upstream,
+                        requested = raw,
+                        "--controllers names a kube-controller-manager controller Pilothouse does not host: ignored"
+                    );
+                    continue;
+                }
+                None => return Err(e),
+            },
+        };
         if enable && !info.built {
             return Err(FlagError::PlannedController {
                 name: name.to_string(),
@@ -293,6 +314,91 @@ fn built_list(catalogue: &[ControllerInfo]) -> String {
     } else {
         built.join(", ")
     }
+}
+
+/// kube-controller-manager 1.37's vocabulary (flags, controller names and aliases, feature gates),
+/// generated into `kcm-vocabulary.txt` by `tests/tools/kcm-vocabulary` from the pinned binary and
+/// source; a test fails when it is stale.
+mod kcm {
+    const VOCABULARY: &str = include_str!("kcm-vocabulary.txt");
+
+    fn entries(kind: &'static str) -> impl Iterator<Item = Vec<&'static str>> {
+        VOCABULARY
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(move |w| w.first() == Some(&kind))
+    }
+
+    /// Whether kcm has `--name`, and if so whether it takes a value (pflag: any non-bool flag
+    /// consumes the next argument when no `=` is given).
+    pub fn flag_takes_value(name: &str) -> Option<bool> {
+        entries("flag")
+            .find(|w| w.get(1) == Some(&name))
+            .map(|w| w.get(2) == Some(&"value"))
+    }
+
+    /// kcm's canonical name for a controller name or alias.
+    pub fn controller(name: &str) -> Option<&'static str> {
+        entries("controller")
+            .find(|w| w.get(1) == Some(&name) || w.iter().skip(3).any(|a| *a == name))
+            .and_then(|w| w.get(1).copied())
+    }
+
+    pub fn is_gate(name: &str) -> bool {
+        entries("gate").any(|w| w.get(1) == Some(&name))
+    }
+}
+
+/// Accepts a command line copied from kube-controller-manager: drops each of kcm's flags that
+/// Pilothouse does not have (with its value), returning the remaining arguments and the dropped
+/// flags' names for one warning. Flags neither has are left for the parser to refuse. A command
+/// line with a subcommand (`pilothouse schedule ...`) is not an operator's kcm line: unchanged.
+pub fn drop_foreign_kcm_flags(
+    args: Vec<std::ffi::OsString>,
+    command: &clap::Command,
+) -> (Vec<std::ffi::OsString>, Vec<String>) {
+    let has_subcommand = args
+        .get(1)
+        .and_then(|a| a.to_str())
+        .is_some_and(|a| command.find_subcommand(a).is_some());
+    if has_subcommand {
+        return (args, Vec::new());
+    }
+    let ours = |name: &str| command.get_arguments().any(|a| a.get_long() == Some(name));
+    let mut kept = Vec::with_capacity(args.len());
+    let mut dropped = Vec::new();
+    let mut iter = args.into_iter();
+    kept.extend(iter.next());
+    while let Some(arg) = iter.next() {
+        let Some(text) = arg.to_str() else {
+            kept.push(arg);
+            continue;
+        };
+        if text == "--" {
+            kept.push(arg);
+            kept.extend(iter);
+            break;
+        }
+        let Some(flag) = text.strip_prefix("--") else {
+            kept.push(arg);
+            continue;
+        };
+        let (name, inline_value) = match flag.split_once('=') {
+            Some((n, _)) => (n, true),
+            None => (flag, false),
+        };
+        match kcm::flag_takes_value(name) {
+            Some(takes_value) if !ours(name) => {
+                dropped.push(format!("--{name}"));
+                if takes_value && !inline_value {
+                    iter.next();
+                }
+            }
+            _ => kept.push(arg),
+        }
+    }
+    (kept, dropped)
 }
 
 #[cfg(test)]
@@ -400,6 +506,19 @@ mod tests {
             FeatureGates::default()
         );
         assert!(FeatureGates::parse(&["TopologyAwareHints=true".into()]).is_err());
+        // Every 1.37 gate is accepted (read or not), with kcm's `kube:` component prefix too.
+        assert_eq!(
+            FeatureGates::parse(&[
+                "APIResponseCompression=false".into(),
+                "kube:AllAlpha=true".into(),
+                "kube:TaintTolerationComparisonOperators=true".into()
+            ])
+            .unwrap(),
+            FeatureGates {
+                taint_toleration_comparison_operators: true
+            }
+        );
+        assert!(FeatureGates::parse(&["kube:Bogus=true".into()]).is_err());
         assert!(FeatureGates::parse(&["TaintTolerationComparisonOperators=yes".into()]).is_err());
         assert!(FeatureGates::parse(&["TaintTolerationComparisonOperators".into()]).is_err());
         let (o, _) = parse(&["--feature-gates=TaintTolerationComparisonOperators=true"]);
@@ -484,5 +603,93 @@ mod tests {
             resolve(&["-bogus"]).unwrap_err(),
             FlagError::UnknownController { .. }
         ));
+    }
+
+    #[test]
+    fn kcm_controllers_we_do_not_host_are_accepted() {
+        // An operator's kcm list: names and aliases of kcm controllers, enabled or disabled.
+        assert_eq!(
+            resolve(&["*", "-deployment-controller", "daemonset", "bootstrapsigner", "-job"])
+                .unwrap(),
+            vec!["cronjob-controller"]
+        );
+        assert!(matches!(
+            resolve(&["deployment-controllers"]).unwrap_err(),
+            FlagError::UnknownController { .. }
+        ));
+    }
+
+    fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+        args.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn kcm_flags_we_do_not_have_are_dropped_with_their_values() {
+        let command = Cli::command().subcommand(clap::Command::new("schedule"));
+        let (kept, dropped) = drop_foreign_kcm_flags(
+            os(&[
+                "pilothouse",
+                "--cluster-cidr",
+                "10.0.0.0/16",
+                "--kube-api-qps=5",
+                "--allocate-node-cidrs",
+                "--use-service-account-credentials=true",
+                "--concurrent-deployment-syncs",
+                "3",
+                "--kubeconfig",
+                "/k",
+                "--bogus",
+                "--v=2",
+            ]),
+            &command,
+        );
+        assert_eq!(
+            kept,
+            os(&["pilothouse", "--kube-api-qps=5", "--kubeconfig", "/k", "--bogus", "--v=2"])
+        );
+        assert_eq!(
+            dropped,
+            [
+                "--cluster-cidr",
+                "--allocate-node-cidrs",
+                "--use-service-account-credentials",
+                "--concurrent-deployment-syncs"
+            ]
+        );
+        // Unknown to both: the parser refuses it.
+        assert!(command.clone().try_get_matches_from(&kept).is_err());
+        // After `--`, and with a subcommand, nothing is touched.
+        let line = os(&["pilothouse", "schedule", "--cluster-cidr", "x"]);
+        assert_eq!(drop_foreign_kcm_flags(line.clone(), &command), (line, vec![]));
+        let line = os(&["pilothouse", "--", "--cluster-cidr"]);
+        assert_eq!(drop_foreign_kcm_flags(line.clone(), &command), (line, vec![]));
+    }
+
+    /// The committed vocabulary is what the pinned kube-controller-manager prints and its source
+    /// declares (the generator runs tests/cluster/build, which tests/run has run already).
+    #[test]
+    fn vocabulary_matches_the_pinned_kube_controller_manager() {
+        let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/tools/kcm-vocabulary");
+        let out = std::process::Command::new(tool)
+            .arg("--check")
+            .output()
+            .expect("run tests/tools/kcm-vocabulary");
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn vocabulary_has_kcm_names() {
+        assert_eq!(kcm::flag_takes_value("cluster-cidr"), Some(true));
+        assert_eq!(kcm::flag_takes_value("allocate-node-cidrs"), Some(false));
+        assert_eq!(kcm::flag_takes_value("no-such-flag"), None);
+        assert_eq!(kcm::controller("nodelifecycle"), Some("node-lifecycle-controller"));
+        assert_eq!(kcm::controller("ttl"), Some("ttl-controller"));
+        assert!(kcm::is_gate("AllBeta"));
+        assert!(!kcm::is_gate("kube:AllBeta"));
     }
 }
