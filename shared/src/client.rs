@@ -228,7 +228,16 @@ where
                     })
                     .observe(t.elapsed().as_secs_f64());
             }
+            let sent = StdInstant::now();
             let res = fut.await.map_err(Into::into);
+            shared
+                .metrics
+                .request_duration
+                .get_or_create(&crate::metrics::VerbHostLabels {
+                    verb: method.to_string(),
+                    host: shared.host.clone(),
+                })
+                .observe(sent.elapsed().as_secs_f64());
             let code = match &res {
                 Ok(r) => r.status().as_u16().to_string(),
                 Err(_) => "<error>".to_string(),

@@ -489,6 +489,8 @@ pub async fn serve<K, F, Fut, E>(
                         "panic"
                     }
                 };
+                let elapsed = started.elapsed();
+                tracing::debug!(parent: &span, result = outcome, elapsed_ms = elapsed.as_millis() as u64, "synced");
                 reconcile
                     .results
                     .get_or_create(&SyncResultLabels {

@@ -206,7 +206,13 @@ pub async fn run(
             .into_iter()
             .map(|(name, c)| {
                 tracing::info!(controller = name, "starting controller");
-                tokio::spawn(c.run(controllers_stop.clone()))
+                let stop = controllers_stop.clone();
+                let metrics = Arc::clone(&metrics);
+                tokio::spawn(async move {
+                    metrics.set_controller_running(name, true);
+                    c.run(stop).await;
+                    metrics.set_controller_running(name, false);
+                })
             })
             .collect();
         let ended = match election_task {

@@ -20,6 +20,13 @@ pub struct Metrics {
     reconcile: OnceLock<Arc<ReconcileMetrics>>,
     stale_skips: OnceLock<Family<StaleSkipLabels, Counter>>,
     events_dropped: OnceLock<Family<ControllerLabel, Counter>>,
+    running_controllers: OnceLock<Family<ManagedControllerLabels, Gauge>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ManagedControllerLabels {
+    pub name: String,
+    pub manager: String,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -69,6 +76,22 @@ pub struct RequestLabels {
 pub struct RestClientMetrics {
     pub requests: Family<RequestLabels, Counter>,
     pub rate_limiter_wait: Family<NameLabel, Histogram, fn() -> Histogram>,
+    /// client-go's `rest_client_request_duration_seconds{verb,host}`: from sending a request
+    /// (after the rate limiter) to its response headers.
+    pub request_duration: Family<VerbHostLabels, Histogram, fn() -> Histogram>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbHostLabels {
+    pub verb: String,
+    pub host: String,
+}
+
+fn request_duration_histogram() -> Histogram {
+    // client-go's buckets.
+    Histogram::new([
+        0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+    ])
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -104,7 +127,19 @@ fn sync_histogram() -> Histogram {
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
-        Arc::new(Metrics::default())
+        let m = Metrics::default();
+        {
+            let mut reg = m.registry.lock().expect("registry lock");
+            reg.register_collector(Box::new(ProcessCollector));
+            let build = Family::<BuildInfoLabels, Gauge>::default();
+            build.get_or_create(&BuildInfoLabels::current()).set(1);
+            reg.register(
+                "kubernetes_build_info",
+                "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
+                build,
+            );
+        }
+        Arc::new(m)
     }
 
     pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
@@ -231,13 +266,39 @@ impl Metrics {
             .clone()
     }
 
+    /// component-base's `running_managed_controllers{name,manager}`: 1 while a controller runs
+    /// in this process (it leads), 0 after it stopped. `manager` is `pilothouse`.
+    pub fn set_controller_running(&self, name: &str, running: bool) {
+        self.running_controllers
+            .get_or_init(|| {
+                let f = Family::default();
+                self.register(
+                    "running_managed_controllers",
+                    "Indicates where instances of a controller are currently running",
+                    f.clone(),
+                );
+                f
+            })
+            .get_or_create(&ManagedControllerLabels {
+                name: name.to_string(),
+                manager: "pilothouse".to_string(),
+            })
+            .set(i64::from(running));
+    }
+
     pub fn rest_client(&self) -> Arc<RestClientMetrics> {
         self.rest_client
             .get_or_init(|| {
                 let m = RestClientMetrics {
                     requests: Family::default(),
                     rate_limiter_wait: Family::new_with_constructor(latency_histogram),
+                    request_duration: Family::new_with_constructor(request_duration_histogram),
                 };
+                self.register(
+                    "rest_client_request_duration_seconds",
+                    "Request latency in seconds. Broken down by verb, and host.",
+                    m.request_duration.clone(),
+                );
                 self.register(
                     "rest_client_requests",
                     "Number of HTTP requests, partitioned by status code, method, host and controller",
@@ -251,6 +312,120 @@ impl Metrics {
                 Arc::new(m)
             })
             .clone()
+    }
+}
+
+/// `kubernetes_build_info`, as every Kubernetes component exports it, with this binary's values:
+/// dashboards that list component versions show Pilothouse's (`compiler` is `rustc`, `go_version`
+/// empty). `git_commit` comes from `PILOTHOUSE_GIT_COMMIT` at build time when set (the image build).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildInfoLabels {
+    major: String,
+    minor: String,
+    git_version: String,
+    git_commit: String,
+    git_tree_state: String,
+    build_date: String,
+    go_version: String,
+    compiler: String,
+    platform: String,
+}
+
+impl BuildInfoLabels {
+    fn current() -> Self {
+        BuildInfoLabels {
+            major: env!("CARGO_PKG_VERSION_MAJOR").into(),
+            minor: env!("CARGO_PKG_VERSION_MINOR").into(),
+            git_version: concat!("v", env!("CARGO_PKG_VERSION")).into(),
+            git_commit: option_env!("PILOTHOUSE_GIT_COMMIT").unwrap_or("").into(),
+            git_tree_state: String::new(),
+            build_date: String::new(),
+            go_version: String::new(),
+            compiler: "rustc".into(),
+            platform: format!("{}/{}", std::env::consts::OS, go_arch()),
+        }
+    }
+}
+
+/// Go's GOARCH spelling, which `platform` uses.
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// The `process_*` metrics of Prometheus' client libraries (read from /proc at each scrape):
+/// CPU seconds, resident and virtual memory, open and maximum file descriptors, start time.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        // An unreadable /proc (not Linux, or hidden) leaves the families out, as client_golang does.
+        let Ok(me) = procfs::process::Process::myself() else {
+            return Ok(());
+        };
+        let Ok(stat) = me.stat() else {
+            return Ok(());
+        };
+        let ticks = procfs::ticks_per_second() as f64;
+        let page = procfs::page_size() as f64;
+        let cpu = ConstCounter::new((stat.utime + stat.stime) as f64 / ticks);
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds.",
+            None,
+            cpu.metric_type(),
+        )?)?;
+        let gauges = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                Some(stat.rss as f64 * page),
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes.",
+                Some(stat.vsize as f64),
+            ),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.",
+                procfs::boot_time_secs()
+                    .ok()
+                    .map(|boot| boot as f64 + stat.starttime as f64 / ticks),
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors.",
+                me.fd_count().ok().map(|n| n as f64),
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                me.limits()
+                    .ok()
+                    .and_then(|l| match l.max_open_files.soft_limit {
+                        procfs::process::LimitValue::Value(v) => Some(v as f64),
+                        procfs::process::LimitValue::Unlimited => None,
+                    }),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            if let Some(v) = value {
+                let g = ConstGauge::new(v);
+                g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -280,5 +455,43 @@ mod tests {
             1,
             "{text}"
         );
+    }
+
+    fn sample(text: &str, name: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+    }
+
+    #[test]
+    fn process_and_build_info_are_exported() {
+        let text = Metrics::new().encode();
+        assert!(
+            sample(&text, "process_resident_memory_bytes") > 1e6,
+            "{text}"
+        );
+        assert!(
+            sample(&text, "process_virtual_memory_bytes")
+                >= sample(&text, "process_resident_memory_bytes")
+        );
+        assert!(sample(&text, "process_open_fds") >= 3.0);
+        assert!(sample(&text, "process_cpu_seconds_total") >= 0.0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let started = sample(&text, "process_start_time_seconds");
+        assert!(
+            started <= now + 1.0 && started > now - 3600.0,
+            "{started} vs {now}"
+        );
+        assert!(
+            text.contains(&format!(
+                "kubernetes_build_info{{major=\"0\",minor=\"1\",git_version=\"v{}\"",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
+        assert!(text.contains("compiler=\"rustc\""), "{text}");
     }
 }
