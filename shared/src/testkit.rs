@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
-type Rule = Box<dyn FnMut(&Call) -> Option<kube::Error> + Send>;
+type Rule = Box<dyn FnMut(&Call) -> Option<Result<Value, kube::Error>> + Send>;
 type Defaulter = Box<dyn Fn(&mut Value) + Send>;
 
 #[derive(Default)]
@@ -256,7 +256,18 @@ impl FakeApi {
 
     /// Answers calls `rule` picks with its error, for as long as the rule stays (it is kept;
     /// make it count down to fail a few times only).
-    pub fn fail_when(&self, rule: impl FnMut(&Call) -> Option<kube::Error> + Send + 'static) {
+    pub fn fail_when(&self, mut rule: impl FnMut(&Call) -> Option<kube::Error> + Send + 'static) {
+        self.lock()
+            .rules
+            .push(Box::new(move |c: &Call| rule(c).map(Err)));
+    }
+
+    /// Answers calls `rule` picks with its answer, success or error, without touching the
+    /// tracker (e.g. a 2xx body that is a `Status` saying `Failure`); kept like `fail_when`'s.
+    pub fn answer_when(
+        &self,
+        rule: impl FnMut(&Call) -> Option<Result<Value, kube::Error>> + Send + 'static,
+    ) {
         self.lock().rules.push(Box::new(rule));
     }
 
@@ -304,8 +315,8 @@ impl FakeApi {
         let mut rules = std::mem::take(&mut s.rules);
         let injected = rules.iter_mut().find_map(|r| r(&call));
         s.rules = rules;
-        if let Some(e) = injected {
-            return Err(e);
+        if let Some(answer) = injected {
+            return answer;
         }
         s.next_rv += 1;
         let rv = (1000 + s.next_rv).to_string();

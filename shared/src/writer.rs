@@ -104,6 +104,8 @@ pub enum Call {
         uid: Option<String>,
         resource_version: Option<String>,
         propagation: Option<String>,
+        /// `gracePeriodSeconds`; `None` leaves the object's own.
+        grace_period_seconds: Option<i64>,
     },
 }
 
@@ -191,11 +193,15 @@ fn build_request(call: &Call) -> Result<http::Request<Vec<u8>>, kube::Error> {
                 uid,
                 resource_version,
                 propagation,
+                grace_period_seconds,
                 ..
             },
             _,
         ) => {
             let mut dp = DeleteParams::default();
+            // The API's int64, clamped into kube's u32 (the API validates >= 0).
+            dp.grace_period_seconds = grace_period_seconds
+                .map(|g| u32::try_from(g.max(0)).unwrap_or(u32::MAX));
             if uid.is_some() || resource_version.is_some() {
                 dp.preconditions = Some(kube::api::Preconditions {
                     uid: uid.clone(),
@@ -371,9 +377,33 @@ impl Writer {
             uid: opts.uid,
             resource_version: opts.resource_version,
             propagation: opts.propagation.map(str::to_string),
+            grace_period_seconds: opts.grace_period_seconds,
         })
         .await
         .map(drop)
+    }
+
+    /// POSTs a `policy/v1` Eviction for the pod to `pods/<name>/eviction` and returns the raw
+    /// answer: a 2xx body may still be a `Status` saying `Failure` (a pod under several
+    /// PodDisruptionBudgets is answered so, with HTTP 201), which the caller must read.
+    /// `delete_options` is the Eviction's `deleteOptions` (`gracePeriodSeconds`,
+    /// `preconditions.uid`, ...), `None` for none.
+    pub async fn evict(
+        &self,
+        namespace: &str,
+        name: &str,
+        delete_options: Option<Value>,
+    ) -> Result<Value, kube::Error> {
+        let mut body = serde_json::json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        });
+        if let Some(opts) = delete_options {
+            body["deleteOptions"] = opts;
+        }
+        let target = Target::of::<crate::pod::Pod>(namespace, name).subresource("eviction");
+        self.call(Call::Create(target, body)).await
     }
 }
 
@@ -384,6 +414,8 @@ pub struct Delete {
     pub resource_version: Option<String>,
     /// `Background`, `Foreground` or `Orphan`.
     pub propagation: Option<&'static str>,
+    /// `gracePeriodSeconds`; `None` leaves the object's own.
+    pub grace_period_seconds: Option<i64>,
 }
 
 impl Delete {
@@ -428,12 +460,21 @@ mod tests {
             uid: Some("u1".into()),
             resource_version: None,
             propagation: Some("Background".into()),
+            grace_period_seconds: Some(i64::MAX),
         };
         let r = build_request(&del).unwrap();
         assert_eq!(r.method(), http::Method::DELETE);
         let body: Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["preconditions"]["uid"], "u1");
         assert_eq!(body["propagationPolicy"], "Background");
+        assert_eq!(body["gracePeriodSeconds"], u32::MAX);
+        let evict = Call::Create(
+            Target::of::<crate::pod::Pod>("ns", "p").subresource("eviction"),
+            serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction"}),
+        );
+        let r = build_request(&evict).unwrap();
+        assert_eq!(r.method(), http::Method::POST);
+        assert_eq!(r.uri().path(), "/api/v1/namespaces/ns/pods/p/eviction");
         let patch = Call::Patch(
             Target::of::<Node>("", "n").subresource("status"),
             PatchKind::Strategic,
