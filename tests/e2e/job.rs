@@ -626,22 +626,44 @@ async fn j6_replacement_policy() -> Result<()> {
             )
             .await?;
         let deleted_at = k8s_openapi::jiff::Timestamp::now();
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let job = j.get(&name).await?;
-        let (active, _, terminating, _, failed) = counts(&job);
+        // The pod stays terminating for 5 s (kwok): the Job must show it within that window.
+        // Its status follows the delete after the 1 s pod-event batch; a fixed 3 s read was
+        // once too early (the write came 3.1 s after the delete under load).
+        let want = |(a, f, t): (i32, i32, i32)| {
+            if policy == "Failed" {
+                (a, f, t) == (0, 0, 1)
+            } else {
+                f == 1 && t == 1
+            }
+        };
+        let last = std::sync::Mutex::new(None);
+        let seen = wait::until(
+            "the terminating pod counted",
+            Duration::from_millis(4500),
+            Duration::from_millis(100),
+            || async {
+                let (a, _, t, _, f) = counts(&j.get(&name).await?);
+                *last.lock().unwrap() = Some((a, f, t));
+                Ok(want((a, f, t)).then_some((a, f, t)))
+            },
+        )
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "while terminating: {e}; last (active, failed, terminating) {:?}",
+                last.lock().unwrap()
+            )
+        })?;
+        println!(
+            "MEASURE j6 {policy}: terminating counted {:.1}s after the delete {seen:?}",
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(deleted_at)
+                .as_secs_f64()
+        );
         if policy == "Failed" {
-            ensure!(
-                (active, failed, terminating) == (0, 0, 1),
-                "while terminating: active {active} failed {failed} terminating {terminating}"
-            );
             ensure!(
                 j.pods_of(&name).await?.len() == 1,
                 "replacement created while terminating"
-            );
-        } else {
-            ensure!(
-                failed == 1 && terminating == 1,
-                "failed {failed} terminating {terminating}"
             );
         }
         let repl = wait::until(
