@@ -312,6 +312,16 @@ impl FakeApi {
             },
             other => other,
         };
+        // A graceful delete is a delete to the tracker (the object goes at once).
+        let call = match call {
+            Call::DeleteGraceful { target, uid, .. } => Call::Delete {
+                target,
+                uid,
+                resource_version: None,
+                propagation: None,
+            },
+            other => other,
+        };
         let mut rules = std::mem::take(&mut s.rules);
         let injected = rules.iter_mut().find_map(|r| r(&call));
         s.rules = rules;
@@ -321,7 +331,7 @@ impl FakeApi {
         s.next_rv += 1;
         let rv = (1000 + s.next_rv).to_string();
         match call {
-            Call::CreateRaw(..) => unreachable!("made a create above"),
+            Call::CreateRaw(..) | Call::DeleteGraceful { .. } => unreachable!("converted above"),
             Call::DryRunCreate(_, mut v) => {
                 if let Some(d) = &s.defaulter {
                     d(&mut v);

@@ -104,8 +104,13 @@ pub enum Call {
         uid: Option<String>,
         resource_version: Option<String>,
         propagation: Option<String>,
-        /// `gracePeriodSeconds`; `None` leaves the object's own.
-        grace_period_seconds: Option<i64>,
+    },
+    /// A delete with an explicit `gracePeriodSeconds` (kept apart from [`Call::Delete`], whose
+    /// shape callers build), with an optional UID precondition.
+    DeleteGraceful {
+        target: Target,
+        uid: Option<String>,
+        grace_period_seconds: i64,
     },
 }
 
@@ -118,7 +123,7 @@ impl Call {
             | Call::DryRunCreate(t, _)
             | Call::Replace(t, _)
             | Call::Patch(t, _, _) => t,
-            Call::Delete { target, .. } => target,
+            Call::Delete { target, .. } | Call::DeleteGraceful { target, .. } => target,
         }
     }
 
@@ -129,7 +134,7 @@ impl Call {
             Call::Create(..) | Call::CreateRaw(..) | Call::DryRunCreate(..) => "create",
             Call::Replace(..) => "update",
             Call::Patch(..) => "patch",
-            Call::Delete { .. } => "delete",
+            Call::Delete { .. } | Call::DeleteGraceful { .. } => "delete",
         }
     }
 }
@@ -193,15 +198,11 @@ fn build_request(call: &Call) -> Result<http::Request<Vec<u8>>, kube::Error> {
                 uid,
                 resource_version,
                 propagation,
-                grace_period_seconds,
                 ..
             },
             _,
         ) => {
             let mut dp = DeleteParams::default();
-            // The API's int64, clamped into kube's u32 (the API validates >= 0).
-            dp.grace_period_seconds = grace_period_seconds
-                .map(|g| u32::try_from(g.max(0)).unwrap_or(u32::MAX));
             if uid.is_some() || resource_version.is_some() {
                 dp.preconditions = Some(kube::api::Preconditions {
                     uid: uid.clone(),
@@ -213,6 +214,27 @@ fn build_request(call: &Call) -> Result<http::Request<Vec<u8>>, kube::Error> {
                 Some("Foreground") => Some(kube::api::PropagationPolicy::Foreground),
                 Some("Orphan") => Some(kube::api::PropagationPolicy::Orphan),
                 _ => None,
+            };
+            req.delete(&t.name, &dp)
+        }
+        (
+            Call::DeleteGraceful {
+                uid,
+                grace_period_seconds,
+                ..
+            },
+            _,
+        ) => {
+            let dp = DeleteParams {
+                // The API's int64, clamped into kube's u32 (the API validates >= 0).
+                grace_period_seconds: Some(
+                    u32::try_from((*grace_period_seconds).max(0)).unwrap_or(u32::MAX),
+                ),
+                preconditions: uid.as_ref().map(|u| kube::api::Preconditions {
+                    uid: Some(u.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
             };
             req.delete(&t.name, &dp)
         }
@@ -372,15 +394,23 @@ impl Writer {
     where
         K: Resource<DynamicType = ()>,
     {
-        self.call(Call::Delete {
-            target: Target::of::<K>(namespace, name),
-            uid: opts.uid,
-            resource_version: opts.resource_version,
-            propagation: opts.propagation.map(str::to_string),
-            grace_period_seconds: opts.grace_period_seconds,
-        })
-        .await
-        .map(drop)
+        let target = Target::of::<K>(namespace, name);
+        let call = match opts.grace_period_seconds {
+            Some(grace_period_seconds) if opts.resource_version.is_none() && opts.propagation.is_none() => {
+                Call::DeleteGraceful {
+                    target,
+                    uid: opts.uid,
+                    grace_period_seconds,
+                }
+            }
+            _ => Call::Delete {
+                target,
+                uid: opts.uid,
+                resource_version: opts.resource_version,
+                propagation: opts.propagation.map(str::to_string),
+            },
+        };
+        self.call(call).await.map(drop)
     }
 
     /// POSTs a `policy/v1` Eviction for the pod to `pods/<name>/eviction` and returns the raw
@@ -460,13 +490,20 @@ mod tests {
             uid: Some("u1".into()),
             resource_version: None,
             propagation: Some("Background".into()),
-            grace_period_seconds: Some(i64::MAX),
         };
         let r = build_request(&del).unwrap();
         assert_eq!(r.method(), http::Method::DELETE);
         let body: Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["preconditions"]["uid"], "u1");
         assert_eq!(body["propagationPolicy"], "Background");
+        let graceful = Call::DeleteGraceful {
+            target: Target::of::<Pod>("ns", "p"),
+            uid: Some("u1".into()),
+            grace_period_seconds: i64::MAX,
+        };
+        let r = build_request(&graceful).unwrap();
+        let body: Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(body["preconditions"]["uid"], "u1");
         assert_eq!(body["gracePeriodSeconds"], u32::MAX);
         let evict = Call::Create(
             Target::of::<crate::pod::Pod>("ns", "p").subresource("eviction"),
