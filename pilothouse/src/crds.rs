@@ -142,10 +142,7 @@ mod tests {
         let text = serde_saphyr::to_string_with_options(&v, yaml_options()).unwrap();
         for line in text.lines() {
             let value = line.split_once(": ").unwrap().1;
-            assert!(
-                value.starts_with('\'') || value.starts_with('"'),
-                "{line}"
-            );
+            assert!(value.starts_with('\'') || value.starts_with('"'), "{line}");
         }
     }
 

@@ -29,6 +29,8 @@ struct Cli {
     endpointslice: endpointslice::EndpointSliceOptions,
     #[command(flatten)]
     endpointslice_mirroring: endpointslice_mirroring::EndpointSliceMirroringOptions,
+    #[command(flatten)]
+    node_maintenance: node_maintenance::Options,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -37,6 +39,9 @@ struct Cli {
 enum Command {
     /// Checks a CronJob schedule and prints its next run times, on the controller's own code.
     Schedule(cronjob::cli::ScheduleArgs),
+    /// Starts, follows and ends node maintenances (NodeMaintenance objects): cordon and drain a
+    /// node with progress and named blockers.
+    Maintenance(node_maintenance::cli::MaintenanceArgs),
     /// Prints the CustomResourceDefinitions this binary serves (generated from its types), or
     /// writes one file per CRD with --output-dir (how crds/ is made).
     Crd(crds::CrdArgs),
@@ -51,8 +56,7 @@ fn version_text() -> String {
     )
 }
 
-/// Every controller Pilothouse hosts or plans to host, with kube-controller-manager's names and
-/// aliases. A planned controller cannot be enabled.
+/// Every controller Pilothouse hosts, with kube-controller-manager's names and aliases.
 fn catalogue(cli: &Cli) -> Vec<Registration> {
     vec![
         job::registration(cli.job.clone()),
@@ -62,7 +66,7 @@ fn catalogue(cli: &Cli) -> Vec<Registration> {
         endpointslice_mirroring::registration(cli.endpointslice_mirroring.clone()),
         node_lifecycle::registration(cli.node_lifecycle.clone()),
         taint_eviction::registration(),
-        Registration::planned("node-maintenance-controller", &[]),
+        node_maintenance::registration(cli.node_maintenance.clone()),
     ]
 }
 
@@ -76,6 +80,9 @@ fn main() -> ExitCode {
     match &cli.command {
         Some(Command::Schedule(args)) => return cronjob::cli::run(&cli.cronjob, args),
         Some(Command::Crd(args)) => return crds::run(args),
+        Some(Command::Maintenance(args)) => {
+            return node_maintenance::cli::run(args, &cli.manager.kubeconfig);
+        }
         None => {}
     }
     let set = SetFlags::from_matches(&command, &matches);
@@ -111,6 +118,49 @@ mod tests {
 
     fn cli() -> Cli {
         Cli::parse_from(["pilothouse"])
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn maintenance_takes_kubeconfig_and_context_on_either_side() {
+        let cli = Cli::parse_from([
+            "pilothouse",
+            "maintenance",
+            "start",
+            "w1",
+            "--reason",
+            "kernel",
+            "--context",
+            "prod",
+            "--kubeconfig",
+            "/k",
+            "--timeout",
+            "90s",
+        ]);
+        let Some(Command::Maintenance(m)) = cli.command else {
+            panic!("not maintenance")
+        };
+        assert_eq!(m.context.as_deref(), Some("prod"));
+        assert_eq!(m.kubeconfig.as_deref(), Some(std::path::Path::new("/k")));
+        // The top-level --kubeconfig (as the test fixtures pass it) reaches the subcommand too.
+        let cli = Cli::parse_from(["pilothouse", "--kubeconfig=/t", "maintenance", "status"]);
+        assert_eq!(cli.manager.kubeconfig, "/t");
+        assert!(matches!(cli.command, Some(Command::Maintenance(_))));
+    }
+
+    #[test]
+    fn node_maintenance_is_built_and_off_by_default() {
+        let cat = catalogue(&cli());
+        let r = cat
+            .iter()
+            .find(|r| r.info.name == "node-maintenance-controller")
+            .expect("registered");
+        assert!(r.info.built);
+        assert!(!r.declaration.on_by_default);
     }
 
     #[test]
