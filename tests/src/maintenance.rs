@@ -278,8 +278,9 @@ impl Shape {
                 let pdb = pdbs.get(name).await?;
                 let generation = pdb.metadata.generation;
                 let st = pdb.status.clone().unwrap_or_default();
-                Ok((st.observed_generation == generation && st.disruptions_allowed == Some(allowed))
-                    .then_some(pdb))
+                Ok((st.observed_generation == generation
+                    && st.disruptions_allowed == Some(allowed))
+                .then_some(pdb))
             },
         )
         .await
@@ -494,16 +495,11 @@ impl Maintenances {
         reason: &str,
         timeout: Duration,
     ) -> Result<NodeMaintenance> {
-        self.wait(
-            name,
-            &format!("{type_}={status}/{reason}"),
-            timeout,
-            |nm| {
-                condition(nm, type_)
-                    .is_some_and(|c| c.status == status && c.reason == reason)
-                    .then(|| nm.clone())
-            },
-        )
+        self.wait(name, &format!("{type_}={status}/{reason}"), timeout, |nm| {
+            condition(nm, type_)
+                .is_some_and(|c| c.status == status && c.reason == reason)
+                .then(|| nm.clone())
+        })
         .await
     }
 
@@ -531,7 +527,13 @@ impl Maintenances {
 
     /// Events with `reason` about `name` (an object in `ns`, or a cluster-scoped one in
     /// [`CLUSTER_EVENTS_NS`]) of `kind`.
-    pub async fn events(&self, ns: &str, kind: &str, name: &str, reason: &str) -> Result<Vec<Event>> {
+    pub async fn events(
+        &self,
+        ns: &str,
+        kind: &str,
+        name: &str,
+        reason: &str,
+    ) -> Result<Vec<Event>> {
         Ok(k8s::events(&self.client, ns, name, reason)
             .await?
             .into_iter()

@@ -22,6 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::time::Instant;
 
+mod drain;
 mod endpointslices;
 mod nodes;
 mod statefulsets;
@@ -62,6 +63,7 @@ pub const WORKLOADS: &[&str] = &[
     "es-flap-1s",
     "es-flap-adaptive",
     "es-flap-adaptive-vs-0s",
+    "node-drain",
 ];
 
 /// The kube-controller-manager controllers a workload exercises: both sides run exactly these.
@@ -70,6 +72,11 @@ fn controllers_of(workload: &str) -> Vec<&'static str> {
         "cronjob-minutely" => vec!["cronjob-controller", "job-controller"],
         "node-outage" => vec!["node-lifecycle-controller", "taint-eviction-controller"],
         "sts-rollout" | "sts-scale" => vec!["statefulset-controller"],
+        // Nothing under test is a kube-controller-manager controller (kubectl drain against
+        // Pilothouse's node-maintenance-controller): its own keeps running everything the drain
+        // needs (node-lifecycle, disruption, deployment, replicaset); only the unused
+        // taint-eviction controller is off, as `--replace` needs one name.
+        "node-drain" => vec!["taint-eviction-controller"],
         w if w.starts_with("es-") => vec!["endpointslice-controller"],
         // The controllers of the first four issues, on both sides (statefulset-controller is
         // not in it yet: its results predate that controller).
@@ -918,7 +925,7 @@ pub async fn run_pairs(
             }
             continue;
         }
-        if matches!(w.name, "idle-scale" | "es-restart") {
+        if matches!(w.name, "idle-scale" | "es-restart" | "node-drain") {
             log(format!(
                 "{} pair {}/{pairs}: {} then {}",
                 w.name,
@@ -928,6 +935,8 @@ pub async fn run_pairs(
             ));
             let pair = if w.name == "es-restart" {
                 endpointslices::restart_pair(w, order, p, log).await
+            } else if w.name == "node-drain" {
+                drain::run_pair(w, order, p, log).await
             } else {
                 run_idle_pair(w, order, p, log).await
             }
