@@ -396,7 +396,9 @@ impl Writer {
     {
         let target = Target::of::<K>(namespace, name);
         let call = match opts.grace_period_seconds {
-            Some(grace_period_seconds) if opts.resource_version.is_none() && opts.propagation.is_none() => {
+            Some(grace_period_seconds)
+                if opts.resource_version.is_none() && opts.propagation.is_none() =>
+            {
                 Call::DeleteGraceful {
                     target,
                     uid: opts.uid,

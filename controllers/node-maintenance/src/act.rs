@@ -35,13 +35,20 @@ pub async fn patch_status(
     status_patch: Value,
 ) -> Result<NodeMaintenance, kube::Error> {
     writer
-        .patch_status::<NodeMaintenance>("", name, PatchKind::Merge, json!({"status": status_patch}))
+        .patch_status::<NodeMaintenance>(
+            "",
+            name,
+            PatchKind::Merge,
+            json!({"status": status_patch}),
+        )
         .await
 }
 
 /// NM-6/NM-7/NM-20: a guarded merge patch of the node (the patch carries the resourceVersion).
 pub async fn patch_node(writer: &Writer, name: &str, patch: Value) -> Result<Node, kube::Error> {
-    writer.patch::<Node>("", name, PatchKind::Merge, patch).await
+    writer
+        .patch::<Node>("", name, PatchKind::Merge, patch)
+        .await
 }
 
 /// NM-23: a strategic-merge patch of `nodes/status` (conditions merge by type).

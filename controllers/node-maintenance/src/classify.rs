@@ -22,7 +22,9 @@ pub enum Class {
     SkippedMirror,
     SkippedNotSelected,
     /// A target; `consent` names what it lacks, if anything.
-    Target { consent: Option<Consent> },
+    Target {
+        consent: Option<Consent>,
+    },
 }
 
 /// Why a non-terminal target may not be evicted without the user's consent (NM-10).
@@ -73,7 +75,8 @@ fn daemon_set_controller(pod: &Pod) -> Option<&str> {
 /// kubectl's `shouldSkipPod`: whole seconds since the deletion timestamp exceed the timeout.
 /// Saturating: any int64 timeout and any timestamp are fine.
 pub fn terminating_past(pod: &Pod, skip_wait_seconds: Option<i64>, now: Timestamp) -> bool {
-    let (Some(limit), Some(deleted)) = (skip_wait_seconds, pod.metadata.deletion_timestamp.as_ref())
+    let (Some(limit), Some(deleted)) =
+        (skip_wait_seconds, pod.metadata.deletion_timestamp.as_ref())
     else {
         return false;
     };
@@ -117,7 +120,9 @@ pub fn validate_selector(selector: Option<&LabelSelector>) -> Result<(), String>
 fn selected(selector: Option<&LabelSelector>, pod: &Pod) -> bool {
     match selector {
         None => true,
-        Some(s) => shared::selector::matches(Some(s), pod.metadata.labels.as_ref()).unwrap_or(false),
+        Some(s) => {
+            shared::selector::matches(Some(s), pod.metadata.labels.as_ref()).unwrap_or(false)
+        }
     }
 }
 
@@ -281,18 +286,66 @@ mod tests {
         let target = Class::Target { consent: None };
         let rows: Vec<(&str, Pod, Class)> = vec![
             ("plain target", pod(), target.clone()),
-            ("terminating 31s > 30s: gone", with(|p| deleted_secs_ago(p, 31)), Class::Gone),
-            ("terminating 30s: still a target", with(|p| deleted_secs_ago(p, 30)), target.clone()),
+            (
+                "terminating 31s > 30s: gone",
+                with(|p| deleted_secs_ago(p, 31)),
+                Class::Gone,
+            ),
+            (
+                "terminating 30s: still a target",
+                with(|p| deleted_secs_ago(p, 30)),
+                target.clone(),
+            ),
             // skip-wait runs first: a long-terminating DaemonSet pod is gone, not skipped.
-            ("daemonset terminating long", with(|p| { daemon(p); deleted_secs_ago(p, 100) }), Class::Gone),
+            (
+                "daemonset terminating long",
+                with(|p| {
+                    daemon(p);
+                    deleted_secs_ago(p, 100)
+                }),
+                Class::Gone,
+            ),
             ("daemonset pod", with(daemon), Class::SkippedDaemonSet),
-            ("terminal daemonset pod is a target", with(|p| { daemon(p); phase(p, "Succeeded") }), target.clone()),
-            ("mirror pod", with(|p| { p.metadata.annotations = Some([(MIRROR_ANNOTATION.to_string(), "x".to_string())].into()) }), Class::SkippedMirror),
+            (
+                "terminal daemonset pod is a target",
+                with(|p| {
+                    daemon(p);
+                    phase(p, "Succeeded")
+                }),
+                target.clone(),
+            ),
+            (
+                "mirror pod",
+                with(|p| {
+                    p.metadata.annotations =
+                        Some([(MIRROR_ANNOTATION.to_string(), "x".to_string())].into())
+                }),
+                Class::SkippedMirror,
+            ),
             // DaemonSet before mirror, as kubectl.
-            ("mirror daemonset pod", with(|p| { daemon(p); p.metadata.annotations = Some([(MIRROR_ANNOTATION.to_string(), "x".to_string())].into()) }), Class::SkippedDaemonSet),
-            ("not selected", with(|p| p.metadata.labels = None), Class::SkippedNotSelected),
+            (
+                "mirror daemonset pod",
+                with(|p| {
+                    daemon(p);
+                    p.metadata.annotations =
+                        Some([(MIRROR_ANNOTATION.to_string(), "x".to_string())].into())
+                }),
+                Class::SkippedDaemonSet,
+            ),
+            (
+                "not selected",
+                with(|p| p.metadata.labels = None),
+                Class::SkippedNotSelected,
+            ),
             // A DaemonSet kind under another apiVersion is not a DaemonSet to kubectl.
-            ("extensions daemonset is an ordinary controller", with(|p| p.metadata.owner_references = Some(vec![owner("extensions/v1beta1", "DaemonSet", "logship")])), target.clone()),
+            (
+                "extensions daemonset is an ordinary controller",
+                with(|p| {
+                    p.metadata.owner_references =
+                        Some(vec![owner("extensions/v1beta1", "DaemonSet", "logship")])
+                }),
+                target.clone(),
+            ),
         ];
         for (name, p, want) in rows {
             assert_eq!(classify(&p, &d, ds_exists, now()), want, "{name}");
@@ -306,17 +359,63 @@ mod tests {
         let ds_gone = |_: &str, _: &str| false;
         let rows: Vec<(&str, Pod, DrainSpec, Option<Consent>)> = vec![
             ("bare, force", with(bare), drain(true, true), None),
-            ("bare, no force", with(bare), drain(false, true), Some(Consent::NoController)),
-            ("emptyDir, allowed", with(empty_dir), drain(true, true), None),
-            ("emptyDir, not allowed", with(empty_dir), drain(true, false), Some(Consent::LocalStorage)),
+            (
+                "bare, no force",
+                with(bare),
+                drain(false, true),
+                Some(Consent::NoController),
+            ),
+            (
+                "emptyDir, allowed",
+                with(empty_dir),
+                drain(true, true),
+                None,
+            ),
+            (
+                "emptyDir, not allowed",
+                with(empty_dir),
+                drain(true, false),
+                Some(Consent::LocalStorage),
+            ),
             // Local storage is checked before the controller, as kubectl's filters run.
-            ("bare emptyDir, neither", with(|p| { bare(p); empty_dir(p) }), drain(false, false), Some(Consent::LocalStorage)),
-            ("bare terminal needs nothing", with(|p| { bare(p); empty_dir(p); phase(p, "Failed") }), drain(false, false), None),
-            ("vanished daemonset, no force", with(daemon), drain(false, true), Some(Consent::VanishedDaemonSet("logship".into()))),
-            ("controller ref without controller=true is no controller", with(|p| p.metadata.owner_references.as_mut().unwrap()[0].controller = None), drain(false, true), Some(Consent::NoController)),
+            (
+                "bare emptyDir, neither",
+                with(|p| {
+                    bare(p);
+                    empty_dir(p)
+                }),
+                drain(false, false),
+                Some(Consent::LocalStorage),
+            ),
+            (
+                "bare terminal needs nothing",
+                with(|p| {
+                    bare(p);
+                    empty_dir(p);
+                    phase(p, "Failed")
+                }),
+                drain(false, false),
+                None,
+            ),
+            (
+                "vanished daemonset, no force",
+                with(daemon),
+                drain(false, true),
+                Some(Consent::VanishedDaemonSet("logship".into())),
+            ),
+            (
+                "controller ref without controller=true is no controller",
+                with(|p| p.metadata.owner_references.as_mut().unwrap()[0].controller = None),
+                drain(false, true),
+                Some(Consent::NoController),
+            ),
         ];
         for (name, p, d, want) in rows {
-            assert_eq!(classify(&p, &d, ds_gone, now()), Class::Target { consent: want }, "{name}");
+            assert_eq!(
+                classify(&p, &d, ds_gone, now()),
+                Class::Target { consent: want },
+                "{name}"
+            );
         }
     }
 
@@ -359,9 +458,16 @@ mod tests {
         };
         assert!(validate_selector(None).is_ok());
         assert!(validate_selector(Some(&sel("In", Some(vec!["a".into()])))).is_ok());
-        for bad in [sel("In", None), sel("Exists", Some(vec!["a".into()])), sel("Near", None)] {
+        for bad in [
+            sel("In", None),
+            sel("Exists", Some(vec!["a".into()])),
+            sel("Near", None),
+        ] {
             let e = validate_selector(Some(&bad)).unwrap_err();
-            assert!(e.starts_with("spec.drain.podSelector.matchExpressions[0]"), "{e}");
+            assert!(
+                e.starts_with("spec.drain.podSelector.matchExpressions[0]"),
+                "{e}"
+            );
         }
     }
 }

@@ -66,14 +66,24 @@ pub enum Outcome {
         /// "still being processed": the budget's status lags its spec.
         processing: bool,
     },
-    MultipleBudgets { message: String },
+    MultipleBudgets {
+        message: String,
+    },
     /// API priority and fairness (or any 429 without a budget cause): not blocked.
-    Throttled { retry_after: Duration },
+    Throttled {
+        retry_after: Duration,
+    },
     /// 403 NamespaceTerminating.
-    NamespaceTerminating { message: String },
+    NamespaceTerminating {
+        message: String,
+    },
     /// Other 403 / 422 (an admission webhook, RBAC).
-    Denied { message: String },
-    Error { message: String },
+    Denied {
+        message: String,
+    },
+    Error {
+        message: String,
+    },
 }
 
 impl Outcome {
@@ -128,7 +138,11 @@ pub fn classify_response(response: &Result<Value, kube::Error>) -> Outcome {
             };
         }
     };
-    let causes = s.details.as_ref().map(|d| d.causes.as_slice()).unwrap_or_default();
+    let causes = s
+        .details
+        .as_ref()
+        .map(|d| d.causes.as_slice())
+        .unwrap_or_default();
     let budget_cause = causes.iter().find(|c| c.reason == CAUSE_DISRUPTION_BUDGET);
     let message = if s.message.is_empty() {
         format!("HTTP {}", s.code)
@@ -140,7 +154,11 @@ pub fn classify_response(response: &Result<Value, kube::Error>) -> Outcome {
         Outcome::Budget {
             pdb: pdb_from_cause(&text),
             processing: text.contains("is still being processed"),
-            message: if text.is_empty() { message.clone() } else { text },
+            message: if text.is_empty() {
+                message.clone()
+            } else {
+                text
+            },
         }
     };
     match s.code {
@@ -158,7 +176,9 @@ pub fn classify_response(response: &Result<Value, kube::Error>) -> Outcome {
         _ if s.message.contains(MULTIPLE_PDBS) => Outcome::MultipleBudgets { message },
         // A negative disruptionsAllowed or an overfull disruptedPods: still the budget's refusal.
         403 if budget_cause.is_some() => budget(budget_cause),
-        403 if causes.iter().any(|c| c.reason == CAUSE_NAMESPACE_TERMINATING)
+        403 if causes
+            .iter()
+            .any(|c| c.reason == CAUSE_NAMESPACE_TERMINATING)
             || s.message.contains("because it is being terminated") =>
         {
             Outcome::NamespaceTerminating { message }
@@ -182,8 +202,8 @@ pub fn pdb_matches(pdb: &PodDisruptionBudget, pod: &Pod) -> bool {
 
 /// NM-16: the blocking budget: the one the cache says selects the pod, else the one the cause
 /// text names (the cache may lag, or hold several where the server saw one).
-pub fn blocking_pdb<'a>(
-    matching: &'a [std::sync::Arc<PodDisruptionBudget>],
+pub fn blocking_pdb(
+    matching: &[std::sync::Arc<PodDisruptionBudget>],
     named: Option<&str>,
 ) -> Option<PdbRef> {
     if let Some(name) = named
@@ -272,7 +292,13 @@ mod tests {
     use kube::core::response::{StatusCause, StatusDetails};
     use serde_json::json;
 
-    fn api(code: u16, reason: &str, message: &str, causes: Vec<(&str, &str)>, retry: u32) -> Result<Value, kube::Error> {
+    fn api(
+        code: u16,
+        reason: &str,
+        message: &str,
+        causes: Vec<(&str, &str)>,
+        retry: u32,
+    ) -> Result<Value, kube::Error> {
         let mut s = kube::core::Status::failure(message, reason).with_code(code);
         s.details = Some(StatusDetails {
             name: String::new(),
@@ -330,15 +356,38 @@ mod tests {
 
     #[test]
     fn nm_13_labels_and_states() {
-        let budget = Outcome::Budget { pdb: None, message: String::new(), processing: false };
+        let budget = Outcome::Budget {
+            pdb: None,
+            message: String::new(),
+            processing: false,
+        };
         assert_eq!(budget.result_label(), "pdb");
-        assert_eq!(Outcome::Throttled { retry_after: THROTTLE_RETRY }.result_label(), "throttled");
-        assert_eq!(state_after(&Outcome::Accepted, false), TargetState::Terminating);
+        assert_eq!(
+            Outcome::Throttled {
+                retry_after: THROTTLE_RETRY
+            }
+            .result_label(),
+            "throttled"
+        );
+        assert_eq!(
+            state_after(&Outcome::Accepted, false),
+            TargetState::Terminating
+        );
         assert_eq!(state_after(&Outcome::Gone, false), TargetState::Gone);
         // B-12: throttling is never "blocked".
-        assert_eq!(state_after(&Outcome::Throttled { retry_after: THROTTLE_RETRY }, false), TargetState::Pending);
+        assert_eq!(
+            state_after(
+                &Outcome::Throttled {
+                    retry_after: THROTTLE_RETRY
+                },
+                false
+            ),
+            TargetState::Pending
+        );
         assert_eq!(state_after(&budget, false), TargetState::Blocked);
-        let ns = Outcome::NamespaceTerminating { message: String::new() };
+        let ns = Outcome::NamespaceTerminating {
+            message: String::new(),
+        };
         assert_eq!(state_after(&ns, true), TargetState::Terminating);
         assert_eq!(state_after(&ns, false), TargetState::Pending);
     }
@@ -351,11 +400,29 @@ mod tests {
         assert_eq!(backoff(u32::MAX), BACKOFF_MAX);
     }
 
-    fn pdb(name: &str, sel: Option<LabelSelector>, desired: i32, current: i32, expected: i32) -> std::sync::Arc<PodDisruptionBudget> {
+    fn pdb(
+        name: &str,
+        sel: Option<LabelSelector>,
+        desired: i32,
+        current: i32,
+        expected: i32,
+    ) -> std::sync::Arc<PodDisruptionBudget> {
         std::sync::Arc::new(PodDisruptionBudget {
-            metadata: ObjectMeta { name: Some(name.into()), namespace: Some("shop".into()), ..Default::default() },
-            spec: Some(PodDisruptionBudgetSpec { selector: sel, ..Default::default() }),
-            status: Some(PodDisruptionBudgetStatus { desired_healthy: Some(desired), current_healthy: Some(current), expected_pods: Some(expected), ..Default::default() }),
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("shop".into()),
+                ..Default::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                selector: sel,
+                ..Default::default()
+            }),
+            status: Some(PodDisruptionBudgetStatus {
+                desired_healthy: Some(desired),
+                current_healthy: Some(current),
+                expected_pods: Some(expected),
+                ..Default::default()
+            }),
         })
     }
 
@@ -363,29 +430,63 @@ mod tests {
     fn nm_16_blocking_budget_from_cache_else_cause() {
         let a = pdb("a", Some(LabelSelector::default()), 1, 1, 1);
         let b = pdb("b", Some(LabelSelector::default()), 1, 2, 2);
-        assert_eq!(blocking_pdb(std::slice::from_ref(&a), None).unwrap().name, "a");
-        assert_eq!(blocking_pdb(&[a.clone(), b.clone()], Some("b")).unwrap(), PdbRef::of(&b));
+        assert_eq!(
+            blocking_pdb(std::slice::from_ref(&a), None).unwrap().name,
+            "a"
+        );
+        assert_eq!(
+            blocking_pdb(&[a.clone(), b.clone()], Some("b")).unwrap(),
+            PdbRef::of(&b)
+        );
         assert_eq!(blocking_pdb(&[], Some("gone")).unwrap().name, "gone");
         assert_eq!(blocking_pdb(&[a, b], None), None);
-        assert_eq!(pdb_from_cause("The disruption budget db-pdb needs 1 healthy pods and has 1 currently").as_deref(), Some("db-pdb"));
+        assert_eq!(
+            pdb_from_cause("The disruption budget db-pdb needs 1 healthy pods and has 1 currently")
+                .as_deref(),
+            Some("db-pdb")
+        );
         assert_eq!(pdb_from_cause("something"), None);
         // policy/v1: an empty selector matches all pods of the namespace, a missing one none.
-        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "shop"}})).unwrap();
-        assert!(pdb_matches(&pdb("all", Some(LabelSelector::default()), 0, 0, 0), &pod));
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "shop"}}))
+                .unwrap();
+        assert!(pdb_matches(
+            &pdb("all", Some(LabelSelector::default()), 0, 0, 0),
+            &pod
+        ));
         assert!(!pdb_matches(&pdb("none", None, 0, 0, 0), &pod));
     }
 
     #[test]
     fn nm_17_deadlock_only_when_no_eviction_is_possible() {
-        assert!(PdbRef::of(&pdb("one", None, 1, 1, 1)).deadlocked(), "minAvailable 1 of 1");
-        assert!(PdbRef::of(&pdb("zero", None, 2, 2, 2)).deadlocked(), "maxUnavailable 0");
-        assert!(!PdbRef::of(&pdb("room", None, 1, 1, 2)).deadlocked(), "scaled to 2");
-        assert!(!PdbRef::of(&pdb("empty", None, 0, 0, 0)).deadlocked(), "no expected pods");
+        assert!(
+            PdbRef::of(&pdb("one", None, 1, 1, 1)).deadlocked(),
+            "minAvailable 1 of 1"
+        );
+        assert!(
+            PdbRef::of(&pdb("zero", None, 2, 2, 2)).deadlocked(),
+            "maxUnavailable 0"
+        );
+        assert!(
+            !PdbRef::of(&pdb("room", None, 1, 1, 2)).deadlocked(),
+            "scaled to 2"
+        );
+        assert!(
+            !PdbRef::of(&pdb("empty", None, 0, 0, 0)).deadlocked(),
+            "no expected pods"
+        );
         assert!(!PdbRef::default().deadlocked(), "unknown status");
         assert_eq!(
             PdbRef::of(&pdb("db-pdb", None, 1, 1, 1)).describe(),
             "blocked by PodDisruptionBudget db-pdb (needs 1 healthy, has 1; no disruption possible at current scale)"
         );
-        assert_eq!(PdbRef { name: "x".into(), ..Default::default() }.describe(), "blocked by PodDisruptionBudget x");
+        assert_eq!(
+            PdbRef {
+                name: "x".into(),
+                ..Default::default()
+            }
+            .describe(),
+            "blocked by PodDisruptionBudget x"
+        );
     }
 }

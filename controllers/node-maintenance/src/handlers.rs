@@ -60,7 +60,12 @@ pub fn pod_nodes(change: &Change<Pod>) -> Vec<String> {
 /// NM-16: a budget change that may let a blocked eviction through: added, deleted, allowing
 /// disruptions, or observed at a newer generation (also a spec change).
 pub fn pdb_may_unblock(change: &Change<PodDisruptionBudget>) -> bool {
-    let allowed = |p: &PodDisruptionBudget| p.status.as_ref().and_then(|s| s.disruptions_allowed).unwrap_or(0);
+    let allowed = |p: &PodDisruptionBudget| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.disruptions_allowed)
+            .unwrap_or(0)
+    };
     let observed = |p: &PodDisruptionBudget| p.status.as_ref().and_then(|s| s.observed_generation);
     match change {
         Change::Added(_) | Change::Deleted(_) => true,
@@ -90,10 +95,19 @@ mod tests {
         let n = Node::default();
         let mut heartbeat = n.clone();
         heartbeat.status = Some(NodeStatus::default());
-        assert!(!node_relevant(&Change::Updated { old: Arc::new(n.clone()), new: Arc::new(heartbeat) }));
+        assert!(!node_relevant(&Change::Updated {
+            old: Arc::new(n.clone()),
+            new: Arc::new(heartbeat)
+        }));
         let mut uncordoned = n.clone();
-        uncordoned.spec = Some(NodeSpec { unschedulable: Some(false), ..Default::default() });
-        assert!(node_relevant(&Change::Updated { old: Arc::new(n.clone()), new: Arc::new(uncordoned) }));
+        uncordoned.spec = Some(NodeSpec {
+            unschedulable: Some(false),
+            ..Default::default()
+        });
+        assert!(node_relevant(&Change::Updated {
+            old: Arc::new(n.clone()),
+            new: Arc::new(uncordoned)
+        }));
         assert!(node_relevant(&Change::Deleted(Arc::new(n))));
     }
 
@@ -112,8 +126,14 @@ mod tests {
         let up = |old, new| pdb_may_unblock(&Change::Updated { old, new });
         assert!(up(pdb(0, 1), pdb(1, 1)), "disruptionsAllowed > 0");
         assert!(up(pdb(0, 1), pdb(0, 2)), "newer observedGeneration");
-        assert!(!up(pdb(0, 1), pdb(0, 1)), "status churn that allows nothing");
-        assert!(pdb_may_unblock(&Change::Deleted(pdb(0, 1))), "a deleted budget unblocks (M4)");
+        assert!(
+            !up(pdb(0, 1), pdb(0, 1)),
+            "status churn that allows nothing"
+        );
+        assert!(
+            pdb_may_unblock(&Change::Deleted(pdb(0, 1))),
+            "a deleted budget unblocks (M4)"
+        );
     }
 
     #[test]
@@ -121,12 +141,21 @@ mod tests {
         let pod = |node: Option<&str>| {
             Arc::new(Pod {
                 metadata: Default::default(),
-                spec: Some(shared::pod::PodSpec { node_name: node.map(Into::into), ..Default::default() }),
+                spec: Some(shared::pod::PodSpec {
+                    node_name: node.map(Into::into),
+                    ..Default::default()
+                }),
                 status: None,
             })
         };
         assert_eq!(pod_nodes(&Change::Added(pod(Some("w1")))), ["w1"]);
         assert!(pod_nodes(&Change::Added(pod(None))).is_empty());
-        assert_eq!(pod_nodes(&Change::Updated { old: pod(None), new: pod(Some("w2")) }), ["w2"]);
+        assert_eq!(
+            pod_nodes(&Change::Updated {
+                old: pod(None),
+                new: pod(Some("w2"))
+            }),
+            ["w2"]
+        );
     }
 }

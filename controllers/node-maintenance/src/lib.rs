@@ -149,7 +149,11 @@ pub fn init(setup: Setup, opts: Options) -> Result<Box<dyn Controller>, InitErro
         }
     });
     // NM-16: a budget that may allow evictions now resets the backoff of the pods it blocks.
-    let (o, t, p) = (Arc::clone(&objects), Arc::clone(&tracker), Arc::clone(&pods));
+    let (o, t, p) = (
+        Arc::clone(&objects),
+        Arc::clone(&tracker),
+        Arc::clone(&pods),
+    );
     wiring.map(&pdbs, &queue, move |c| {
         if !handlers::pdb_may_unblock(c) {
             return vec![];
@@ -158,8 +162,11 @@ pub fn init(setup: Setup, opts: Options) -> Result<Box<dyn Controller>, InitErro
         let ns = pdb.metadata.namespace.clone().unwrap_or_default();
         let name = pdb.metadata.name.clone().unwrap_or_default();
         let nodes = t.reset_blocked(&ns, |_, r| {
-            r.pdb.as_deref().is_some_and(|b| b.split(',').any(|b| b == name))
-                || p.get(&r.key()).is_some_and(|pod| evict::pdb_matches(pdb, &pod))
+            r.pdb
+                .as_deref()
+                .is_some_and(|b| b.split(',').any(|b| b == name))
+                || p.get(&r.key())
+                    .is_some_and(|pod| evict::pdb_matches(pdb, &pod))
         });
         keys_on(&o, &nodes)
     });

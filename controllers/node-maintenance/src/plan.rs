@@ -14,7 +14,8 @@ pub const EFFECT: &str = "NoSchedule";
 
 /// *Active* = stage Cordon or Drain, not deleting (§4.9).
 pub fn is_active(nm: &NodeMaintenance) -> bool {
-    nm.metadata.deletion_timestamp.is_none() && matches!(nm.spec.stage, Stage::Cordon | Stage::Drain)
+    nm.metadata.deletion_timestamp.is_none()
+        && matches!(nm.spec.stage, Stage::Cordon | Stage::Drain)
 }
 
 /// Whether `nm` drains: stage Drain, not deleting.
@@ -101,7 +102,8 @@ pub fn release_patch(node: &Node) -> Option<(Value, bool)> {
         .filter(|t| !(t.key == TAINT_MAINTENANCE && t.effect == EFFECT))
         .map(|t| serde_json::to_value(t).unwrap_or(Value::Null))
         .collect();
-    let mut spec = json!({"taints": if kept.is_empty() { Value::Null } else { Value::Array(kept) }});
+    let mut spec =
+        json!({"taints": if kept.is_empty() { Value::Null } else { Value::Array(kept) }});
     // An unreadable annotation leaves spec.unschedulable as it is, like a missing one.
     let restore = match recorded {
         Some("true") => Some(true),
@@ -129,7 +131,10 @@ pub fn wave(ordering: DrainOrdering, priority: Option<i32>) -> usize {
         DrainOrdering::Parallel => 0,
         DrainOrdering::PriorityWaves => {
             let p = priority.unwrap_or(0);
-            WAVES.iter().position(|b| p <= *b).unwrap_or(WAVES.len() - 1)
+            WAVES
+                .iter()
+                .position(|b| p <= *b)
+                .unwrap_or(WAVES.len() - 1)
         }
     }
 }
@@ -157,7 +162,10 @@ pub fn targeted_message(objects: &[&NodeMaintenance]) -> String {
             let name = nm.metadata.name.as_deref().unwrap_or_default();
             match nm.spec.reason.as_deref().filter(|r| !r.is_empty()) {
                 Some(reason) => {
-                    format!("NodeMaintenance {name} on node {}: {reason}", nm.spec.node_name)
+                    format!(
+                        "NodeMaintenance {name} on node {}: {reason}",
+                        nm.spec.node_name
+                    )
                 }
                 None => format!("NodeMaintenance {name} on node {}", nm.spec.node_name),
             }
@@ -176,17 +184,29 @@ pub fn lifecycle_conditions(
         (
             "MaintenanceInProgress",
             active,
-            if active { "AdminRequested" } else { "MaintenanceEnded" },
+            if active {
+                "AdminRequested"
+            } else {
+                "MaintenanceEnded"
+            },
         ),
         (
             "DrainInProgress",
             active && draining && !drained,
-            if active && draining && !drained { "DrainStarted" } else { "NotDraining" },
+            if active && draining && !drained {
+                "DrainStarted"
+            } else {
+                "NotDraining"
+            },
         ),
         (
             "Drained",
             active && drained,
-            if active && drained { "DrainCompleted" } else { "NotDrained" },
+            if active && drained {
+                "DrainCompleted"
+            } else {
+                "NotDrained"
+            },
         ),
     ]
 }
@@ -198,7 +218,11 @@ pub fn lifecycle_patch(
     wanted: &[(&'static str, bool, &'static str)],
     now: Timestamp,
 ) -> Option<Value> {
-    let existing = node.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    let existing = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
     let any_true = wanted.iter().any(|(_, s, _)| *s);
     let mut out = Vec::new();
     for (type_, status, reason) in wanted {
@@ -234,7 +258,11 @@ mod tests {
                 name: Some("w1".into()),
                 resource_version: Some("7".into()),
                 annotations: ann.map(|a| {
-                    [(ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE.to_string(), a.to_string())].into()
+                    [(
+                        ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE.to_string(),
+                        a.to_string(),
+                    )]
+                    .into()
                 }),
                 ..Default::default()
             },
@@ -248,39 +276,65 @@ mod tests {
     }
 
     fn ours() -> Taint {
-        Taint { key: TAINT_MAINTENANCE.into(), effect: EFFECT.into(), ..Default::default() }
+        Taint {
+            key: TAINT_MAINTENANCE.into(),
+            effect: EFFECT.into(),
+            ..Default::default()
+        }
     }
 
     fn other() -> Taint {
-        Taint { key: "node.kubernetes.io/unschedulable".into(), effect: EFFECT.into(), ..Default::default() }
+        Taint {
+            key: "node.kubernetes.io/unschedulable".into(),
+            effect: EFFECT.into(),
+            ..Default::default()
+        }
     }
 
     #[test]
     fn nm_6_cordon_is_one_guarded_patch_recording_the_prior_state_once() {
         let p = cordon_patch(&node(None, vec![other()], None)).unwrap();
         assert_eq!(p["metadata"]["resourceVersion"], "7");
-        assert_eq!(p["metadata"]["annotations"][ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE], "false");
+        assert_eq!(
+            p["metadata"]["annotations"][ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE],
+            "false"
+        );
         assert_eq!(p["spec"]["unschedulable"], true);
         assert_eq!(p["spec"]["taints"].as_array().unwrap().len(), 2);
         // Pre-cordoned by an admin: "true" is recorded (M6).
         let p = cordon_patch(&node(Some(true), vec![], None)).unwrap();
-        assert_eq!(p["metadata"]["annotations"][ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE], "true");
+        assert_eq!(
+            p["metadata"]["annotations"][ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE],
+            "true"
+        );
         // The annotation of a first maintenance is never overwritten (NM-7's restore).
         let p = cordon_patch(&node(Some(false), vec![], Some("true"))).unwrap();
         assert!(p["metadata"].get("annotations").is_none());
         assert_eq!(p["spec"]["taints"][0]["key"], TAINT_MAINTENANCE);
-        assert_eq!(cordon_patch(&node(Some(true), vec![ours()], Some("false"))), None, "no-op in place");
+        assert_eq!(
+            cordon_patch(&node(Some(true), vec![ours()], Some("false"))),
+            None,
+            "no-op in place"
+        );
     }
 
     #[test]
     fn nm_20_release_restores_the_recorded_state() {
-        let (p, schedulable) = release_patch(&node(Some(true), vec![ours(), other()], Some("false"))).unwrap();
+        let (p, schedulable) =
+            release_patch(&node(Some(true), vec![ours(), other()], Some("false"))).unwrap();
         assert_eq!(p["spec"]["unschedulable"], false);
         assert_eq!(p["spec"]["taints"].as_array().unwrap().len(), 1);
-        assert_eq!(p["metadata"]["annotations"][ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE], Value::Null);
+        assert_eq!(
+            p["metadata"]["annotations"][ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE],
+            Value::Null
+        );
         assert!(schedulable);
-        let (p, schedulable) = release_patch(&node(Some(true), vec![ours()], Some("true"))).unwrap();
-        assert_eq!(p["spec"]["unschedulable"], true, "admin's cordon restored (M6)");
+        let (p, schedulable) =
+            release_patch(&node(Some(true), vec![ours()], Some("true"))).unwrap();
+        assert_eq!(
+            p["spec"]["unschedulable"], true,
+            "admin's cordon restored (M6)"
+        );
         assert_eq!(p["spec"]["taints"], Value::Null);
         assert!(!schedulable);
         // Never cordoned (Idle -> Complete): nothing of ours, spec.unschedulable left alone (M7).
@@ -311,7 +365,10 @@ mod tests {
     fn nm_18_deadline_saturates() {
         let start = Timestamp::from_second(1000).unwrap();
         assert_eq!(deadline(start, None), None);
-        assert_eq!(deadline(start, Some(30)), Some(Timestamp::from_second(1030).unwrap()));
+        assert_eq!(
+            deadline(start, Some(30)),
+            Some(Timestamp::from_second(1030).unwrap())
+        );
         assert_eq!(deadline(start, Some(i64::MAX)), Some(Timestamp::MAX));
         assert_eq!(deadline(Timestamp::MAX, Some(1)), Some(Timestamp::MAX));
         assert_eq!(deadline(start, Some(i64::MIN)), Some(start));
@@ -320,25 +377,37 @@ mod tests {
     #[test]
     fn nm_12_message_names_every_object_oldest_first() {
         let nm = |name: &str, reason: Option<&str>| {
-            let mut o = NodeMaintenance::new(name, crate::types::NodeMaintenanceSpec {
-                node_name: "w1".into(),
-                stage: Stage::Drain,
-                reason: reason.map(Into::into),
-                drain: Default::default(),
-            });
+            let mut o = NodeMaintenance::new(
+                name,
+                crate::types::NodeMaintenanceSpec {
+                    node_name: "w1".into(),
+                    stage: Stage::Drain,
+                    reason: reason.map(Into::into),
+                    drain: Default::default(),
+                },
+            );
             o.metadata.creation_timestamp = None;
             o
         };
         let (a, b) = (nm("a", Some("kernel")), nm("b", None));
-        assert_eq!(targeted_message(&[&a]), "NodeMaintenance a on node w1: kernel");
-        assert_eq!(targeted_message(&[&a, &b]), "NodeMaintenance a on node w1: kernel; NodeMaintenance b on node w1");
+        assert_eq!(
+            targeted_message(&[&a]),
+            "NodeMaintenance a on node w1: kernel"
+        );
+        assert_eq!(
+            targeted_message(&[&a, &b]),
+            "NodeMaintenance a on node w1: kernel; NodeMaintenance b on node w1"
+        );
     }
 
     #[test]
     fn nm_23_conditions_only_when_asked_and_cleared_on_release() {
         let n = node(None, vec![], None);
         let now = Timestamp::from_second(1000).unwrap();
-        assert_eq!(lifecycle_patch(&n, &lifecycle_conditions(false, false, false), now), None);
+        assert_eq!(
+            lifecycle_patch(&n, &lifecycle_conditions(false, false, false), now),
+            None
+        );
         let p = lifecycle_patch(&n, &lifecycle_conditions(true, true, false), now).unwrap();
         let conds = p["status"]["conditions"].as_array().unwrap();
         assert_eq!(conds[0]["reason"], "AdminRequested");

@@ -113,9 +113,8 @@ pub fn targeted_pods(mut entries: Vec<Entry>) -> (Vec<TargetedPod>, bool) {
 
 /// §4.3 progress over every target ever selected.
 pub fn progress(entries: &[Entry], skipped: Skipped, truncated: bool) -> Progress {
-    let count = |f: &dyn Fn(&TargetedPod) -> bool| {
-        entries.iter().filter(|e| f(&e.pod)).count() as i64
-    };
+    let count =
+        |f: &dyn Fn(&TargetedPod) -> bool| entries.iter().filter(|e| f(&e.pod)).count() as i64;
     let targeted = entries.len() as i64;
     let evicted = count(&|p| p.state == TargetState::Gone && p.method.is_some());
     let percent = if targeted == 0 {
@@ -143,7 +142,11 @@ pub fn drained(entries: &[Entry]) -> bool {
 /// `EvictionBlocked`: the most severe reason, and the first five blocked pods with what blocks
 /// them, then a count.
 pub fn eviction_blocked(entries: &[Entry]) -> Option<(String, String)> {
-    let mut blocked: Vec<Entry> = entries.iter().filter(|e| is_blocked(&e.pod)).cloned().collect();
+    let mut blocked: Vec<Entry> = entries
+        .iter()
+        .filter(|e| is_blocked(&e.pod))
+        .cloned()
+        .collect();
     if blocked.is_empty() {
         return None;
     }
@@ -234,7 +237,15 @@ mod tests {
     fn conditions_keep_their_transition_time() {
         let mut cs = Vec::new();
         set_condition(&mut cs, "Drained", false, "Draining", "", t(0), Some(1));
-        set_condition(&mut cs, "Drained", false, "PodsRequireConsent", "x", t(5), Some(2));
+        set_condition(
+            &mut cs,
+            "Drained",
+            false,
+            "PodsRequireConsent",
+            "x",
+            t(5),
+            Some(2),
+        );
         assert_eq!(cs[0].last_transition_time, Time(t(0)));
         assert_eq!(cs[0].observed_generation, Some(2));
         set_condition(&mut cs, "Drained", true, "DrainComplete", "", t(9), Some(2));
@@ -248,14 +259,24 @@ mod tests {
         let entries = vec![
             entry("old-pending", 1, TargetState::Pending, None),
             entry("new-blocked", 9, TargetState::Blocked, Some(REASON_PDB)),
-            entry("deadlocked", 10, TargetState::Blocked, Some(REASON_DEADLOCK)),
+            entry(
+                "deadlocked",
+                10,
+                TargetState::Blocked,
+                Some(REASON_DEADLOCK),
+            ),
             entry("oldest-gone", 0, TargetState::Gone, None),
         ];
         let (pods, truncated) = targeted_pods(entries);
         let names: Vec<&str> = pods.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["deadlocked", "new-blocked", "oldest-gone", "old-pending"]);
+        assert_eq!(
+            names,
+            ["deadlocked", "new-blocked", "oldest-gone", "old-pending"]
+        );
         assert!(!truncated);
-        let many: Vec<Entry> = (0..1030).map(|i| entry(&format!("p{i}"), i, TargetState::Pending, None)).collect();
+        let many: Vec<Entry> = (0..1030)
+            .map(|i| entry(&format!("p{i}"), i, TargetState::Pending, None))
+            .collect();
         let p = progress(&many, Skipped::default(), true);
         let (pods, truncated) = targeted_pods(many);
         assert_eq!(pods.len(), MAX_TARGETED_PODS);
@@ -272,8 +293,26 @@ mod tests {
             entry("c", 0, TargetState::Blocked, Some(REASON_PDB)),
             entry("d", 0, TargetState::Pending, None),
         ];
-        let p = progress(&entries, Skipped { daemon_set: 1, mirror: 0, not_selected: 2 }, false);
-        assert_eq!((p.targeted, p.evicted, p.terminating, p.pending, p.blocked, p.percent), (4, 1, 1, 2, 1, 25));
+        let p = progress(
+            &entries,
+            Skipped {
+                daemon_set: 1,
+                mirror: 0,
+                not_selected: 2,
+            },
+            false,
+        );
+        assert_eq!(
+            (
+                p.targeted,
+                p.evicted,
+                p.terminating,
+                p.pending,
+                p.blocked,
+                p.percent
+            ),
+            (4, 1, 1, 2, 1, 25)
+        );
         assert_eq!(progress(&[], Skipped::default(), false).percent, 100);
         assert!(!drained(&entries));
         assert!(drained(&entries[..1]));
@@ -282,11 +321,28 @@ mod tests {
 
     #[test]
     fn eviction_blocked_names_five_then_counts() {
-        let mut entries: Vec<Entry> = (0..7).map(|i| entry(&format!("p{i}"), i, TargetState::Blocked, Some(REASON_DENIED))).collect();
-        entries.push(entry("db-0", 100, TargetState::Blocked, Some(REASON_DEADLOCK)));
+        let mut entries: Vec<Entry> = (0..7)
+            .map(|i| {
+                entry(
+                    &format!("p{i}"),
+                    i,
+                    TargetState::Blocked,
+                    Some(REASON_DENIED),
+                )
+            })
+            .collect();
+        entries.push(entry(
+            "db-0",
+            100,
+            TargetState::Blocked,
+            Some(REASON_DEADLOCK),
+        ));
         let (reason, message) = eviction_blocked(&entries).unwrap();
         assert_eq!(reason, REASON_DEADLOCK);
-        assert!(message.starts_with("shop/db-0 blocked by PodDisruptionBudgetDeadlock; shop/p0 "), "{message}");
+        assert!(
+            message.starts_with("shop/db-0 blocked by PodDisruptionBudgetDeadlock; shop/p0 "),
+            "{message}"
+        );
         assert!(message.ends_with("; and 3 more"), "{message}");
         assert_eq!(eviction_blocked(&entries[..0]), None);
     }
@@ -295,7 +351,10 @@ mod tests {
     fn merge_patch_nulls_what_went_away() {
         let old = json!({"phase": "Draining", "drain": {"startTime": "a", "deadline": "b"}, "lastError": "x", "conditions": [1]});
         let new = json!({"phase": "Draining", "drain": {"startTime": "a"}, "conditions": [1, 2]});
-        assert_eq!(merge_patch(&old, &new), json!({"drain": {"deadline": null}, "lastError": null, "conditions": [1, 2]}));
+        assert_eq!(
+            merge_patch(&old, &new),
+            json!({"drain": {"deadline": null}, "lastError": null, "conditions": [1, 2]})
+        );
         assert_eq!(merge_patch(&new, &new), json!({}));
     }
 }

@@ -200,8 +200,6 @@ impl NodeMaintenanceController {
                 };
             }
         }
-        let span = tracing::info_span!("sync", controller = crate::NAME, nodemaintenance = name);
-        let _ = &span;
         // NM-1: a deleting object releases and lets go, nothing else.
         if nm.metadata.deletion_timestamp.is_some() {
             if has_finalizer(&nm) {
@@ -229,10 +227,13 @@ impl NodeMaintenanceController {
         let node = match self.node(&nm.spec.node_name) {
             Some(n) if !replaced(&nm, &n) => n,
             other => {
-                let reason = if other.is_some() { "NodeReplaced" } else { "NodeNotFound" };
-                let warned = status::condition(&st.conditions, CONDITION_CORDONED).is_some_and(|c| {
-                    c.reason == reason && c.observed_generation == generation
-                });
+                let reason = if other.is_some() {
+                    "NodeReplaced"
+                } else {
+                    "NodeNotFound"
+                };
+                let warned = status::condition(&st.conditions, CONDITION_CORDONED)
+                    .is_some_and(|c| c.reason == reason && c.observed_generation == generation);
                 if !warned && reason == "NodeNotFound" {
                     self.events.warning(
                         &shared::refs::object_reference(nm.as_ref()),
@@ -241,10 +242,38 @@ impl NodeMaintenanceController {
                         format!("Node {} not found", nm.spec.node_name),
                     );
                 }
-                let msg = format!("node {} {}", nm.spec.node_name, if other.is_some() { "was replaced by a new node of the same name" } else { "not found" });
-                status::set_condition(&mut st.conditions, CONDITION_CORDONED, false, reason, &msg, now, generation);
-                let drained_reason = if other.is_some() { "NodeReplaced" } else { "NodeNotFound" };
-                status::set_condition(&mut st.conditions, CONDITION_DRAINED, false, drained_reason, &msg, now, generation);
+                let msg = format!(
+                    "node {} {}",
+                    nm.spec.node_name,
+                    if other.is_some() {
+                        "was replaced by a new node of the same name"
+                    } else {
+                        "not found"
+                    }
+                );
+                status::set_condition(
+                    &mut st.conditions,
+                    CONDITION_CORDONED,
+                    false,
+                    reason,
+                    &msg,
+                    now,
+                    generation,
+                );
+                let drained_reason = if other.is_some() {
+                    "NodeReplaced"
+                } else {
+                    "NodeNotFound"
+                };
+                status::set_condition(
+                    &mut st.conditions,
+                    CONDITION_DRAINED,
+                    false,
+                    drained_reason,
+                    &msg,
+                    now,
+                    generation,
+                );
                 st.phase = Some(Phase::Pending);
                 // M8/M9: no finalizer while there is no node to release (and no node writes).
                 if has_finalizer(&nm) {
@@ -261,10 +290,34 @@ impl NodeMaintenanceController {
             Stage::Idle => {
                 st.phase = Some(Phase::Idle);
                 for c in [CONDITION_CORDONED, CONDITION_DRAINED] {
-                    status::set_condition(&mut st.conditions, c, false, "NotRequested", "", now, generation);
+                    status::set_condition(
+                        &mut st.conditions,
+                        c,
+                        false,
+                        "NotRequested",
+                        "",
+                        now,
+                        generation,
+                    );
                 }
-                status::set_condition(&mut st.conditions, CONDITION_EVICTION_BLOCKED, false, "NotBlocked", "", now, generation);
-                status::set_condition(&mut st.conditions, CONDITION_DEADLINE_EXCEEDED, false, "NoDeadline", "", now, generation);
+                status::set_condition(
+                    &mut st.conditions,
+                    CONDITION_EVICTION_BLOCKED,
+                    false,
+                    "NotBlocked",
+                    "",
+                    now,
+                    generation,
+                );
+                status::set_condition(
+                    &mut st.conditions,
+                    CONDITION_DEADLINE_EXCEEDED,
+                    false,
+                    "NoDeadline",
+                    "",
+                    now,
+                    generation,
+                );
                 self.write_status(&nm, st, false).await?;
                 Ok(Next::Done)
             }
@@ -352,22 +405,46 @@ impl NodeMaintenanceController {
         }
         // NM-6, NM-7.
         let node = self.cordon(nm, node, &st, &obj_ref).await?;
-        status::set_condition(&mut st.conditions, CONDITION_CORDONED, true, "Cordoned", format!("node {} is unschedulable and tainted {}:{}", nm.spec.node_name, TAINT_MAINTENANCE, plan::EFFECT), now, generation);
+        status::set_condition(
+            &mut st.conditions,
+            CONDITION_CORDONED,
+            true,
+            "Cordoned",
+            format!(
+                "node {} is unschedulable and tainted {}:{}",
+                nm.spec.node_name,
+                TAINT_MAINTENANCE,
+                plan::EFFECT
+            ),
+            now,
+            generation,
+        );
         let mut wake: Option<Timestamp> = None;
         let mut drained = false;
         if nm.spec.stage == Stage::Drain {
             let result = self.drain(nm, &mut st, now).await;
             wake = result.wake;
             drained = self.drain_status(nm, &mut st, result, now, &obj_ref);
-            st.phase = Some(if drained { Phase::Drained } else { Phase::Draining });
+            st.phase = Some(if drained {
+                Phase::Drained
+            } else {
+                Phase::Draining
+            });
         } else {
-            for (c, r) in [(CONDITION_DRAINED, "NotRequested"), (CONDITION_EVICTION_BLOCKED, "NotBlocked"), (CONDITION_DEADLINE_EXCEEDED, "NoDeadline")] {
+            for (c, r) in [
+                (CONDITION_DRAINED, "NotRequested"),
+                (CONDITION_EVICTION_BLOCKED, "NotBlocked"),
+                (CONDITION_DEADLINE_EXCEEDED, "NoDeadline"),
+            ] {
                 status::set_condition(&mut st.conditions, c, false, r, "", now, generation);
             }
             st.phase = Some(Phase::Cordoned);
         }
         if self.node_conditions {
-            let draining = self.on_node(&nm.spec.node_name).iter().any(|o| plan::is_draining(o));
+            let draining = self
+                .on_node(&nm.spec.node_name)
+                .iter()
+                .any(|o| plan::is_draining(o));
             let wanted = plan::lifecycle_conditions(true, draining, drained);
             if let Some(p) = plan::lifecycle_patch(&node, &wanted, now) {
                 act::patch_node_status(&self.writer, &nm.spec.node_name, p)
@@ -375,7 +452,11 @@ impl NodeMaintenanceController {
                     .map_err(doing::<Error>("patching the node's maintenance conditions"))?;
             }
         }
-        if let Some(e) = self.memory().get(nm.metadata.name.as_deref().unwrap_or_default()).and_then(|m| m.last_error.clone()) {
+        if let Some(e) = self
+            .memory()
+            .get(nm.metadata.name.as_deref().unwrap_or_default())
+            .and_then(|m| m.last_error.clone())
+        {
             st.last_error = Some(e);
         }
         let mut next = self.write_status(nm, st, false).await?;
@@ -398,18 +479,28 @@ impl NodeMaintenanceController {
         let Some(patch) = plan::cordon_patch(node) else {
             return Ok(Arc::clone(node));
         };
-        let reverted = status::is_true(&st.conditions, CONDITION_CORDONED) && !plan::is_cordoned(node);
+        let reverted =
+            status::is_true(&st.conditions, CONDITION_CORDONED) && !plan::is_cordoned(node);
         let name = &nm.spec.node_name;
         let after = act::patch_node(&self.writer, name, patch)
             .await
             .map_err(doing::<Error>(format!("cordoning node {name}")))?;
         self.own_nodes.record(node, after.clone());
         if reverted {
-            let msg = format!("Node {name} was uncordoned or untainted while under maintenance; cordoned again");
-            self.events.warning(obj_ref, "CordonReverted", "Cordon", &msg);
-            self.events.warning(&node_ref(node), "CordonReverted", "Cordon", msg);
+            let msg = format!(
+                "Node {name} was uncordoned or untainted while under maintenance; cordoned again"
+            );
+            self.events
+                .warning(obj_ref, "CordonReverted", "Cordon", &msg);
+            self.events
+                .warning(&node_ref(node), "CordonReverted", "Cordon", msg);
         } else if !plan::is_cordoned(node) {
-            self.events.normal(obj_ref, "Cordoned", "Cordon", format!("Cordoned node {name}"));
+            self.events.normal(
+                obj_ref,
+                "Cordoned",
+                "Cordon",
+                format!("Cordoned node {name}"),
+            );
         }
         Ok(Arc::new(after))
     }
@@ -477,10 +568,16 @@ impl NodeMaintenanceController {
         let targets: Vec<(String, Target)> = self
             .memory()
             .get(&name)
-            .map(|m| m.targets.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .map(|m| {
+                m.targets
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
             .unwrap_or_default();
         for (uid, t) in &targets {
-            self.tracker.ensure(uid, || PodRecord::new(&t.namespace, &t.name, &node_name));
+            self.tracker
+                .ensure(uid, || PodRecord::new(&t.namespace, &t.name, &node_name));
         }
         // NM-10: all or nothing.
         if !missing.is_empty() {
@@ -499,8 +596,12 @@ impl NodeMaintenanceController {
         if result.consent.is_none() {
             let message = self.targeted_message(&node_name);
             for (uid, t) in &targets {
-                let Some(pod) = present.get(uid) else { continue };
-                if classify::is_terminating(pod) || Some(plan::wave(drain.ordering, t.priority)) != wave {
+                let Some(pod) = present.get(uid) else {
+                    continue;
+                };
+                if classify::is_terminating(pod)
+                    || Some(plan::wave(drain.ordering, t.priority)) != wave
+                {
                     continue;
                 }
                 if escalate {
@@ -525,7 +626,9 @@ impl NodeMaintenanceController {
                 && let Some(dt) = &p.metadata.deletion_timestamp
             {
                 // Wake when kubectl's skip-wait would count it gone.
-                let at = dt.0.checked_add(SignedDuration::from_secs(limit.max(0).saturating_add(1))).unwrap_or(Timestamp::MAX);
+                let at =
+                    dt.0.checked_add(SignedDuration::from_secs(limit.max(0).saturating_add(1)))
+                        .unwrap_or(Timestamp::MAX);
                 result.wake = earliest(result.wake, Some(at));
             }
             if matches!(state, TargetState::Pending | TargetState::Blocked)
@@ -550,7 +653,10 @@ impl NodeMaintenanceController {
                     attempts: r.attempts,
                     first_attempt_time: r.first_attempt.map(Time),
                     last_attempt_time: r.last_attempt.map(Time),
-                    next_attempt_time: r.next_attempt.filter(|_| matches!(state, TargetState::Pending | TargetState::Blocked)).map(Time),
+                    next_attempt_time: r
+                        .next_attempt
+                        .filter(|_| matches!(state, TargetState::Pending | TargetState::Blocked))
+                        .map(Time),
                 },
             });
         }
@@ -593,28 +699,50 @@ impl NodeMaintenanceController {
 
     /// NM-12: the message naming every Drain-stage object on the node, oldest first.
     fn targeted_message(&self, node: &str) -> String {
-        let mut objs: Vec<Arc<NodeMaintenance>> = self.on_node(node).into_iter().filter(|o| plan::is_draining(o)).collect();
+        let mut objs: Vec<Arc<NodeMaintenance>> = self
+            .on_node(node)
+            .into_iter()
+            .filter(|o| plan::is_draining(o))
+            .collect();
         objs.sort_by(|a, b| plan::oldest_first(a, b));
         plan::targeted_message(&objs.iter().map(|o| o.as_ref()).collect::<Vec<_>>())
     }
 
     fn note_error(&self, nm: &NodeMaintenance, e: String) {
-        if let Some(m) = self.memory().get_mut(nm.metadata.name.as_deref().unwrap_or_default()) {
+        if let Some(m) = self
+            .memory()
+            .get_mut(nm.metadata.name.as_deref().unwrap_or_default())
+        {
             m.last_error = Some(e);
         }
     }
 
     /// NM-12: `TargetedByNodeMaintenance=True` before the first attempt (and when the message
     /// changes); a failed write never blocks the eviction.
-    async fn mark_targeted(&self, nm: &NodeMaintenance, pod: &Pod, uid: &str, message: &str, now: Timestamp) {
-        let have = pod.condition(POD_CONDITION_TARGETED).is_some_and(|c| {
-            c.status == "True" && c.message.as_deref() == Some(message)
-        });
-        let written = self.tracker.get(uid).and_then(|r| r.condition_message).as_deref() == Some(message);
+    async fn mark_targeted(
+        &self,
+        nm: &NodeMaintenance,
+        pod: &Pod,
+        uid: &str,
+        message: &str,
+        now: Timestamp,
+    ) {
+        let have = pod
+            .condition(POD_CONDITION_TARGETED)
+            .is_some_and(|c| c.status == "True" && c.message.as_deref() == Some(message));
+        let written = self
+            .tracker
+            .get(uid)
+            .and_then(|r| r.condition_message)
+            .as_deref()
+            == Some(message);
         if have || written {
             return;
         }
-        let (ns, name) = (pod.metadata.namespace.as_deref().unwrap_or_default(), pod.metadata.name.as_deref().unwrap_or_default());
+        let (ns, name) = (
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default(),
+        );
         let transition = pod
             .condition(POD_CONDITION_TARGETED)
             .filter(|c| c.status == "True")
@@ -643,34 +771,76 @@ impl NodeMaintenanceController {
                 });
                 tracing::warn!(pod = %pod.key(), error = %e, "writing the TargetedByNodeMaintenance condition failed");
                 if failures.unwrap_or(0) >= CONDITION_TRIES {
-                    self.note_error(nm, format!("writing condition {POD_CONDITION_TARGETED} on pod {}: {}", pod.key(), shared::apierr::message(&e)));
+                    self.note_error(
+                        nm,
+                        format!(
+                            "writing condition {POD_CONDITION_TARGETED} on pod {}: {}",
+                            pod.key(),
+                            shared::apierr::message(&e)
+                        ),
+                    );
                 }
             }
         }
     }
 
     /// NM-13..NM-17: one eviction attempt, if the pod is due and nobody else is at it.
-    async fn evict_one(&self, nm: &NodeMaintenance, pod: &Pod, uid: &str, message: &str, now: Timestamp) {
+    async fn evict_one(
+        &self,
+        nm: &NodeMaintenance,
+        pod: &Pod,
+        uid: &str,
+        message: &str,
+        now: Timestamp,
+    ) {
         if !self.tracker.claim(uid, now) {
             return;
         }
         self.mark_targeted(nm, pod, uid, message, now).await;
-        let (ns, name) = (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
-        let response = act::evict(&self.writer, &ns, &name, uid, nm.spec.drain.grace_period_seconds).await;
+        let (ns, name) = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        let response = act::evict(
+            &self.writer,
+            &ns,
+            &name,
+            uid,
+            nm.spec.drain.grace_period_seconds,
+        )
+        .await;
         let outcome = evict::classify_response(&response);
         let now = self.clock.now();
         let obj_ref = shared::refs::object_reference(nm);
         let key = pod.key().into_owned();
         let mut label = outcome.result_label();
-        let (reason, pdb, text, retry): (Option<&'static str>, Option<String>, Option<String>, Option<Duration>) = match &outcome {
+        let (reason, pdb, text, retry): (
+            Option<&'static str>,
+            Option<String>,
+            Option<String>,
+            Option<Duration>,
+        ) = match &outcome {
             Outcome::Accepted => {
-                self.events.normal(&pod_ref(&ns, &name, uid), "Evicted", "Evict", format!("Evicted by NodeMaintenance {}", nm.metadata.name.as_deref().unwrap_or_default()));
-                self.events.normal(&obj_ref, "Evicted", "Evict", format!("Evicted pod {key}"));
+                self.events.normal(
+                    &pod_ref(&ns, &name, uid),
+                    "Evicted",
+                    "Evict",
+                    format!(
+                        "Evicted by NodeMaintenance {}",
+                        nm.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                );
+                self.events
+                    .normal(&obj_ref, "Evicted", "Evict", format!("Evicted pod {key}"));
                 (None, None, None, None)
             }
             Outcome::Gone => (None, None, None, None),
             Outcome::Throttled { retry_after } => (None, None, None, Some(*retry_after)),
-            Outcome::Budget { pdb, message: cause, processing } => {
+            Outcome::Budget {
+                pdb,
+                message: cause,
+                processing,
+            } => {
                 let matching: Vec<Arc<PodDisruptionBudget>> = self
                     .pdbs
                     .by_index(INDEX_NAMESPACE, &ns)
@@ -687,7 +857,16 @@ impl NodeMaintenanceController {
                     None => format!("blocked by a PodDisruptionBudget: {cause}"),
                 };
                 let retry = processing.then_some(evict::PROCESSING_RETRY);
-                (Some(if deadlock { evict::REASON_DEADLOCK } else { evict::REASON_PDB }), found.map(|p| p.name), Some(text), retry)
+                (
+                    Some(if deadlock {
+                        evict::REASON_DEADLOCK
+                    } else {
+                        evict::REASON_PDB
+                    }),
+                    found.map(|p| p.name),
+                    Some(text),
+                    retry,
+                )
             }
             Outcome::MultipleBudgets { message: m } => {
                 let names: Vec<String> = self
@@ -700,18 +879,36 @@ impl NodeMaintenanceController {
                 let text = if names.is_empty() {
                     format!("blocked by more than one PodDisruptionBudget: {m}")
                 } else {
-                    format!("blocked by more than one PodDisruptionBudget ({})", names.join(", "))
+                    format!(
+                        "blocked by more than one PodDisruptionBudget ({})",
+                        names.join(", ")
+                    )
                 };
-                (Some(evict::REASON_MULTIPLE), (!names.is_empty()).then(|| names.join(",")), Some(text), None)
+                (
+                    Some(evict::REASON_MULTIPLE),
+                    (!names.is_empty()).then(|| names.join(",")),
+                    Some(text),
+                    None,
+                )
             }
             Outcome::NamespaceTerminating { .. } => (None, None, None, None),
             Outcome::Denied { message: m } => {
                 self.note_error(nm, format!("evicting pod {key}: {m}"));
-                (Some(evict::REASON_DENIED), None, Some(format!("eviction denied: {m}")), None)
+                (
+                    Some(evict::REASON_DENIED),
+                    None,
+                    Some(format!("eviction denied: {m}")),
+                    None,
+                )
             }
             Outcome::Error { message: m } => {
                 self.note_error(nm, format!("evicting pod {key}: {m}"));
-                (Some(evict::REASON_ERROR), None, Some(format!("eviction failed: {m}")), None)
+                (
+                    Some(evict::REASON_ERROR),
+                    None,
+                    Some(format!("eviction failed: {m}")),
+                    None,
+                )
             }
         };
         self.metrics.eviction(label);
@@ -746,7 +943,10 @@ impl NodeMaintenanceController {
                     if reason == evict::REASON_DEADLOCK {
                         let k = (nm_uid.clone(), pdb.clone().unwrap_or_default());
                         events.0 = r.deadlock_warned.insert(k);
-                    } else if r.last_blocked_event.is_none_or(|t| now.duration_since(t).as_secs() >= BLOCKED_EVENT_EVERY) {
+                    } else if r
+                        .last_blocked_event
+                        .is_none_or(|t| now.duration_since(t).as_secs() >= BLOCKED_EVENT_EVERY)
+                    {
                         r.last_blocked_event = Some(now);
                         events.1 = true;
                     }
@@ -757,10 +957,14 @@ impl NodeMaintenanceController {
         let msg = format!("pod {key} {}", text.clone().unwrap_or_default());
         match events {
             Some((true, _)) => {
-                self.events.warning(&obj_ref, "DrainDeadlocked", "Evict", &msg);
-                self.events.warning(&pod_ref(&ns, &name, uid), "DrainDeadlocked", "Evict", &msg);
+                self.events
+                    .warning(&obj_ref, "DrainDeadlocked", "Evict", &msg);
+                self.events
+                    .warning(&pod_ref(&ns, &name, uid), "DrainDeadlocked", "Evict", &msg);
             }
-            Some((_, true)) => self.events.warning(&obj_ref, "EvictionBlocked", "Evict", &msg),
+            Some((_, true)) => self
+                .events
+                .warning(&obj_ref, "EvictionBlocked", "Evict", &msg),
             _ => {}
         }
     }
@@ -771,13 +975,18 @@ impl NodeMaintenanceController {
         if !self.tracker.claim(uid, Timestamp::MAX) {
             return;
         }
-        let (ns, name) = (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
+        let (ns, name) = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
         let nm_name = nm.metadata.name.clone().unwrap_or_default();
         let cond = PodCondition {
             type_: DISRUPTION_TARGET.into(),
             status: "True".into(),
             reason: Some(REASON_DELETION.into()),
-            message: Some(format!("NodeMaintenance {nm_name}: deleting past the drain deadline")),
+            message: Some(format!(
+                "NodeMaintenance {nm_name}: deleting past the drain deadline"
+            )),
             last_transition_time: Some(Time(now)),
             observed_generation: pod.metadata.generation,
             last_probe_time: None,
@@ -789,7 +998,11 @@ impl NodeMaintenanceController {
         };
         let key = pod.key().into_owned();
         let bypassed = self.tracker.get(uid).and_then(|r| r.pdb);
-        let gone = |e: &kube::Error| shared::apierr::is_not_found(e) || shared::apierr::is_conflict(e) || shared::apierr::is_uid_mismatch(e);
+        let gone = |e: &kube::Error| {
+            shared::apierr::is_not_found(e)
+                || shared::apierr::is_conflict(e)
+                || shared::apierr::is_uid_mismatch(e)
+        };
         match result {
             Ok(()) => {
                 self.metrics.deletions.inc();
@@ -801,11 +1014,23 @@ impl NodeMaintenanceController {
                     r.next_attempt = None;
                 });
                 let msg = match &bypassed {
-                    Some(p) => format!("Deleted pod {key} past the drain deadline, bypassing PodDisruptionBudget {p}"),
+                    Some(p) => format!(
+                        "Deleted pod {key} past the drain deadline, bypassing PodDisruptionBudget {p}"
+                    ),
                     None => format!("Deleted pod {key} past the drain deadline"),
                 };
-                self.events.warning(&pod_ref(&ns, &name, uid), "EvictedByDeletion", "Delete", &msg);
-                self.events.warning(&shared::refs::object_reference(nm), "EvictedByDeletion", "Delete", msg);
+                self.events.warning(
+                    &pod_ref(&ns, &name, uid),
+                    "EvictedByDeletion",
+                    "Delete",
+                    &msg,
+                );
+                self.events.warning(
+                    &shared::refs::object_reference(nm),
+                    "EvictedByDeletion",
+                    "Delete",
+                    msg,
+                );
             }
             Err(e) if gone(&e) => {
                 self.tracker.update(uid, |r| r.state = TargetState::Gone);
@@ -813,7 +1038,14 @@ impl NodeMaintenanceController {
             Err(e) => {
                 // Lacking delete RBAC: EvictionDenied, and the drain behaves as Wait.
                 let m = shared::apierr::message(&e);
-                let reason = if matches!(shared::apierr::classify(&e), shared::apierr::ErrorKind::Forbidden | shared::apierr::ErrorKind::Invalid) { evict::REASON_DENIED } else { evict::REASON_ERROR };
+                let reason = if matches!(
+                    shared::apierr::classify(&e),
+                    shared::apierr::ErrorKind::Forbidden | shared::apierr::ErrorKind::Invalid
+                ) {
+                    evict::REASON_DENIED
+                } else {
+                    evict::REASON_ERROR
+                };
                 self.note_error(nm, format!("deleting pod {key}: {m}"));
                 self.tracker.update(uid, |r| {
                     r.state = TargetState::Blocked;
@@ -840,12 +1072,22 @@ impl NodeMaintenanceController {
         let name = nm.metadata.name.clone().unwrap_or_default();
         let was_drained = status::is_true(&st.conditions, CONDITION_DRAINED);
         if let Some(e) = &result.selector_error {
-            let warned = status::condition(&st.conditions, CONDITION_DRAINED)
-                .is_some_and(|c| c.reason == REASON_INVALID_SELECTOR && c.observed_generation == generation);
+            let warned = status::condition(&st.conditions, CONDITION_DRAINED).is_some_and(|c| {
+                c.reason == REASON_INVALID_SELECTOR && c.observed_generation == generation
+            });
             if !warned {
-                self.events.warning(obj_ref, REASON_INVALID_SELECTOR, "Drain", e);
+                self.events
+                    .warning(obj_ref, REASON_INVALID_SELECTOR, "Drain", e);
             }
-            status::set_condition(&mut st.conditions, CONDITION_DRAINED, false, REASON_INVALID_SELECTOR, e, now, generation);
+            status::set_condition(
+                &mut st.conditions,
+                CONDITION_DRAINED,
+                false,
+                REASON_INVALID_SELECTOR,
+                e,
+                now,
+                generation,
+            );
             return false;
         }
         let drained = result.consent.is_none() && status::drained(&result.entries);
@@ -853,49 +1095,142 @@ impl NodeMaintenanceController {
             let same = status::condition(&st.conditions, CONDITION_DRAINED)
                 .is_some_and(|c| c.reason == "PodsRequireConsent" && c.message == *msg);
             if !same {
-                self.events.warning(obj_ref, "PodsRequireConsent", "Drain", msg);
+                self.events
+                    .warning(obj_ref, "PodsRequireConsent", "Drain", msg);
             }
-            status::set_condition(&mut st.conditions, CONDITION_DRAINED, false, "PodsRequireConsent", msg, now, generation);
+            status::set_condition(
+                &mut st.conditions,
+                CONDITION_DRAINED,
+                false,
+                "PodsRequireConsent",
+                msg,
+                now,
+                generation,
+            );
         } else if drained {
-            status::set_condition(&mut st.conditions, CONDITION_DRAINED, true, "DrainComplete", format!("node {} is drained", nm.spec.node_name), now, generation);
+            status::set_condition(
+                &mut st.conditions,
+                CONDITION_DRAINED,
+                true,
+                "DrainComplete",
+                format!("node {} is drained", nm.spec.node_name),
+                now,
+                generation,
+            );
             if !was_drained {
-                self.events.normal(obj_ref, "DrainComplete", "Drain", format!("Drained node {}", nm.spec.node_name));
+                self.events.normal(
+                    obj_ref,
+                    "DrainComplete",
+                    "Drain",
+                    format!("Drained node {}", nm.spec.node_name),
+                );
                 self.observe_drain_end(nm, true);
             }
         } else {
-            let left = result.entries.iter().filter(|e| e.pod.state != TargetState::Gone).count();
-            let terminating = result.entries.iter().filter(|e| e.pod.state == TargetState::Terminating).count();
+            let left = result
+                .entries
+                .iter()
+                .filter(|e| e.pod.state != TargetState::Gone)
+                .count();
+            let terminating = result
+                .entries
+                .iter()
+                .filter(|e| e.pod.state == TargetState::Terminating)
+                .count();
             let mut msg = format!("{left} pods left to drain");
             if terminating > 0 {
                 // NM-22: pods of a failed node stay Terminating until PodGC or its return.
                 msg.push_str(&format!(" ({terminating} terminating; if node {} is gone for good, taint it node.kubernetes.io/out-of-service or set drain.skipWaitForDeleteTimeoutSeconds)", nm.spec.node_name));
             }
-            status::set_condition(&mut st.conditions, CONDITION_DRAINED, false, "Draining", msg, now, generation);
+            status::set_condition(
+                &mut st.conditions,
+                CONDITION_DRAINED,
+                false,
+                "Draining",
+                msg,
+                now,
+                generation,
+            );
         }
         match status::eviction_blocked(&result.entries) {
-            Some((reason, msg)) => status::set_condition(&mut st.conditions, CONDITION_EVICTION_BLOCKED, true, &reason, msg, now, generation),
-            None => status::set_condition(&mut st.conditions, CONDITION_EVICTION_BLOCKED, false, "NotBlocked", "", now, generation),
+            Some((reason, msg)) => status::set_condition(
+                &mut st.conditions,
+                CONDITION_EVICTION_BLOCKED,
+                true,
+                &reason,
+                msg,
+                now,
+                generation,
+            ),
+            None => status::set_condition(
+                &mut st.conditions,
+                CONDITION_EVICTION_BLOCKED,
+                false,
+                "NotBlocked",
+                "",
+                now,
+                generation,
+            ),
         }
-        let deadline = st.drain.as_ref().and_then(|d| d.deadline.as_ref()).map(|t| t.0);
+        let deadline = st
+            .drain
+            .as_ref()
+            .and_then(|d| d.deadline.as_ref())
+            .map(|t| t.0);
         match deadline {
-            None => status::set_condition(&mut st.conditions, CONDITION_DEADLINE_EXCEEDED, false, "NoDeadline", "", now, generation),
+            None => status::set_condition(
+                &mut st.conditions,
+                CONDITION_DEADLINE_EXCEEDED,
+                false,
+                "NoDeadline",
+                "",
+                now,
+                generation,
+            ),
             Some(d) if now >= d && !drained => {
                 let reason = match nm.spec.drain.timeout_policy {
                     TimeoutPolicy::Wait => "WaitingPastDeadline",
                     TimeoutPolicy::Delete => "DeletingPastDeadline",
                 };
                 if !status::is_true(&st.conditions, CONDITION_DEADLINE_EXCEEDED) {
-                    self.events.warning(obj_ref, "DrainDeadlineExceeded", "Drain", format!("Drain of node {} not done by its deadline {}", nm.spec.node_name, Time(d).0));
+                    self.events.warning(
+                        obj_ref,
+                        "DrainDeadlineExceeded",
+                        "Drain",
+                        format!(
+                            "Drain of node {} not done by its deadline {}",
+                            nm.spec.node_name,
+                            Time(d).0
+                        ),
+                    );
                 }
-                status::set_condition(&mut st.conditions, CONDITION_DEADLINE_EXCEEDED, true, reason, format!("deadline {} passed", Time(d).0), now, generation);
+                status::set_condition(
+                    &mut st.conditions,
+                    CONDITION_DEADLINE_EXCEEDED,
+                    true,
+                    reason,
+                    format!("deadline {} passed", Time(d).0),
+                    now,
+                    generation,
+                );
             }
-            Some(d) => status::set_condition(&mut st.conditions, CONDITION_DEADLINE_EXCEEDED, false, "WithinDeadline", format!("deadline {}", Time(d).0), now, generation),
+            Some(d) => status::set_condition(
+                &mut st.conditions,
+                CONDITION_DEADLINE_EXCEEDED,
+                false,
+                "WithinDeadline",
+                format!("deadline {}", Time(d).0),
+                now,
+                generation,
+            ),
         }
         let (pods, truncated) = status::targeted_pods(result.entries.clone());
         let progress = status::progress(&result.entries, result.skipped, truncated);
         self.metrics
             .blocked_pods
-            .get_or_create(&ObjectLabel { nodemaintenance: name })
+            .get_or_create(&ObjectLabel {
+                nodemaintenance: name,
+            })
             .set(progress.blocked);
         st.targeted_pods = pods;
         st.progress = Some(progress);
@@ -903,10 +1238,18 @@ impl NodeMaintenanceController {
     }
 
     fn observe_drain_end(&self, nm: &NodeMaintenance, drained: bool) {
-        let Some(start) = nm.status.as_ref().and_then(|s| s.drain.as_ref()).and_then(|d| d.start_time.as_ref()) else {
+        let Some(start) = nm
+            .status
+            .as_ref()
+            .and_then(|s| s.drain.as_ref())
+            .and_then(|d| d.start_time.as_ref())
+        else {
             return;
         };
-        let was_drained = nm.status.as_ref().is_some_and(|s| status::is_true(&s.conditions, CONDITION_DRAINED));
+        let was_drained = nm
+            .status
+            .as_ref()
+            .is_some_and(|s| status::is_true(&s.conditions, CONDITION_DRAINED));
         if !drained && was_drained {
             return;
         }
@@ -917,10 +1260,17 @@ impl NodeMaintenanceController {
             .map(|m| !std::mem::replace(&mut m.drain_observed, true))
             .unwrap_or(false);
         if first {
-            let secs = self.clock.now().duration_since(start.0).as_secs_f64().max(0.0);
+            let secs = self
+                .clock
+                .now()
+                .duration_since(start.0)
+                .as_secs_f64()
+                .max(0.0);
             self.metrics
                 .drain_duration
-                .get_or_create(&OutcomeLabel { outcome: if drained { "drained" } else { "cancelled" }.into() })
+                .get_or_create(&OutcomeLabel {
+                    outcome: if drained { "drained" } else { "cancelled" }.into(),
+                })
                 .observe(secs);
         }
     }
@@ -936,28 +1286,85 @@ impl NodeMaintenanceController {
         let generation = nm.metadata.generation;
         if !status::is_true(&st.conditions, CONDITION_DRAINED) {
             let cancelled = st.drain.as_ref().is_some_and(|d| d.start_time.is_some());
-            let reason = if cancelled { "Cancelled" } else { "NotRequested" };
-            status::set_condition(&mut st.conditions, CONDITION_DRAINED, false, reason, "", now, generation);
+            let reason = if cancelled {
+                "Cancelled"
+            } else {
+                "NotRequested"
+            };
+            status::set_condition(
+                &mut st.conditions,
+                CONDITION_DRAINED,
+                false,
+                reason,
+                "",
+                now,
+                generation,
+            );
             if cancelled {
                 self.observe_drain_end(nm, false);
             }
         }
-        status::set_condition(&mut st.conditions, CONDITION_EVICTION_BLOCKED, false, "NotBlocked", "", now, generation);
+        status::set_condition(
+            &mut st.conditions,
+            CONDITION_EVICTION_BLOCKED,
+            false,
+            "NotBlocked",
+            "",
+            now,
+            generation,
+        );
         if status::condition(&st.conditions, CONDITION_DEADLINE_EXCEEDED).is_none() {
-            status::set_condition(&mut st.conditions, CONDITION_DEADLINE_EXCEEDED, false, "NoDeadline", "", now, generation);
+            status::set_condition(
+                &mut st.conditions,
+                CONDITION_DEADLINE_EXCEEDED,
+                false,
+                "NoDeadline",
+                "",
+                now,
+                generation,
+            );
         }
         self.end_targeting(nm).await;
         let held = self.release(nm, node).await?;
         match held {
-            Some(others) => status::set_condition(&mut st.conditions, CONDITION_CORDONED, false, "HeldByOtherMaintenance", format!("node {} stays cordoned for NodeMaintenance {others}", nm.spec.node_name), now, generation),
+            Some(others) => status::set_condition(
+                &mut st.conditions,
+                CONDITION_CORDONED,
+                false,
+                "HeldByOtherMaintenance",
+                format!(
+                    "node {} stays cordoned for NodeMaintenance {others}",
+                    nm.spec.node_name
+                ),
+                now,
+                generation,
+            ),
             None => {
-                let cordoned_before = nm.status.as_ref().is_some_and(|s| s.stage_statuses.iter().any(|s| matches!(s.name, Stage::Cordon | Stage::Drain)));
-                let reason = if cordoned_before { "Uncordoned" } else { "NotRequested" };
-                status::set_condition(&mut st.conditions, CONDITION_CORDONED, false, reason, "", now, generation);
+                let cordoned_before = nm.status.as_ref().is_some_and(|s| {
+                    s.stage_statuses
+                        .iter()
+                        .any(|s| matches!(s.name, Stage::Cordon | Stage::Drain))
+                });
+                let reason = if cordoned_before {
+                    "Uncordoned"
+                } else {
+                    "NotRequested"
+                };
+                status::set_condition(
+                    &mut st.conditions,
+                    CONDITION_CORDONED,
+                    false,
+                    reason,
+                    "",
+                    now,
+                    generation,
+                );
             }
         }
         status::note_stage(&mut st.stage_statuses, Stage::Complete, now);
-        self.metrics.blocked_pods.remove(&ObjectLabel { nodemaintenance: nm.metadata.name.clone().unwrap_or_default() });
+        self.metrics.blocked_pods.remove(&ObjectLabel {
+            nodemaintenance: nm.metadata.name.clone().unwrap_or_default(),
+        });
         st.phase = Some(Phase::Completed);
         self.write_status(nm, st, false).await?;
         Ok(Next::Done)
@@ -965,7 +1372,11 @@ impl NodeMaintenanceController {
 
     /// NM-20: releases the node unless another active object holds it; returns the names of
     /// those that do.
-    async fn release(&self, nm: &NodeMaintenance, node: &Arc<Node>) -> Result<Option<String>, Error> {
+    async fn release(
+        &self,
+        nm: &NodeMaintenance,
+        node: &Arc<Node>,
+    ) -> Result<Option<String>, Error> {
         let me = nm.metadata.uid.clone();
         let mut others: Vec<Arc<NodeMaintenance>> = self
             .on_node(&nm.spec.node_name)
@@ -974,7 +1385,10 @@ impl NodeMaintenanceController {
             .collect();
         if !others.is_empty() {
             others.sort_by(|a, b| plan::oldest_first(a, b));
-            let names: Vec<&str> = others.iter().filter_map(|o| o.metadata.name.as_deref()).collect();
+            let names: Vec<&str> = others
+                .iter()
+                .filter_map(|o| o.metadata.name.as_deref())
+                .collect();
             return Ok(Some(names.join(", ")));
         }
         let name = &nm.spec.node_name;
@@ -986,11 +1400,20 @@ impl NodeMaintenanceController {
             self.own_nodes.record(node, after.clone());
             current = Arc::new(after);
             if schedulable {
-                self.events.normal(&node_ref(node), "UncordonNode", "Release", format!("Node {name} is schedulable again"));
+                self.events.normal(
+                    &node_ref(node),
+                    "UncordonNode",
+                    "Release",
+                    format!("Node {name} is schedulable again"),
+                );
             }
         }
         if self.node_conditions
-            && let Some(p) = plan::lifecycle_patch(&current, &plan::lifecycle_conditions(false, false, false), self.clock.now())
+            && let Some(p) = plan::lifecycle_patch(
+                &current,
+                &plan::lifecycle_conditions(false, false, false),
+                self.clock.now(),
+            )
         {
             act::patch_node_status(&self.writer, name, p)
                 .await
@@ -1003,7 +1426,12 @@ impl NodeMaintenanceController {
     /// object, get `TargetedByNodeMaintenance=False/MaintenanceEnded`.
     async fn end_targeting(&self, nm: &NodeMaintenance) {
         let name = nm.metadata.name.clone().unwrap_or_default();
-        self.restore(&name, nm.status.as_ref().unwrap_or(&NodeMaintenanceStatus::default()));
+        self.restore(
+            &name,
+            nm.status
+                .as_ref()
+                .unwrap_or(&NodeMaintenanceStatus::default()),
+        );
         let me = nm.metadata.uid.clone();
         let others: Vec<Arc<NodeMaintenance>> = self
             .on_node(&nm.spec.node_name)
@@ -1013,16 +1441,34 @@ impl NodeMaintenanceController {
         let targets: Vec<(String, Target)> = self
             .memory()
             .get(&name)
-            .map(|m| m.targets.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .map(|m| {
+                m.targets
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
             .unwrap_or_default();
         let now = self.clock.now();
         for (uid, t) in targets {
-            let Some(pod) = self.pods.get(&format!("{}/{}", t.namespace, t.name)) else { continue };
-            if pod_uid(&pod) != uid || !pod.condition(POD_CONDITION_TARGETED).is_some_and(|c| c.status == "True") {
+            let Some(pod) = self.pods.get(&format!("{}/{}", t.namespace, t.name)) else {
+                continue;
+            };
+            let targeted = pod
+                .condition(POD_CONDITION_TARGETED)
+                .is_some_and(|c| c.status == "True");
+            if pod_uid(&pod) != uid || !targeted {
                 continue;
             }
             let still = others.iter().any(|o| {
-                matches!(classify::classify(&pod, &o.spec.drain, |ns, n| self.daemonsets.get(&format!("{ns}/{n}")).is_some(), now), Class::Target { .. })
+                matches!(
+                    classify::classify(
+                        &pod,
+                        &o.spec.drain,
+                        |ns, n| self.daemonsets.get(&format!("{ns}/{n}")).is_some(),
+                        now
+                    ),
+                    Class::Target { .. }
+                )
             });
             if still {
                 continue;
@@ -1031,12 +1477,17 @@ impl NodeMaintenanceController {
                 type_: POD_CONDITION_TARGETED.into(),
                 status: "False".into(),
                 reason: Some(REASON_MAINTENANCE_ENDED.into()),
-                message: Some(format!("NodeMaintenance {name} on node {} ended", nm.spec.node_name)),
+                message: Some(format!(
+                    "NodeMaintenance {name} on node {} ended",
+                    nm.spec.node_name
+                )),
                 last_transition_time: Some(Time(now)),
                 observed_generation: pod.metadata.generation,
                 last_probe_time: None,
             };
-            if let Err(e) = act::set_pod_condition(&self.writer, &t.namespace, &t.name, &uid, &cond).await {
+            if let Err(e) =
+                act::set_pod_condition(&self.writer, &t.namespace, &t.name, &uid, &cond).await
+            {
                 tracing::warn!(pod = %pod.key(), error = %e, "ending the TargetedByNodeMaintenance condition failed");
             }
             self.tracker.update(&uid, |r| r.condition_message = None);
@@ -1058,8 +1509,15 @@ impl NodeMaintenanceController {
         }
         let name = nm.metadata.name.clone().unwrap_or_default();
         let phase_changed = old.phase != st.phase;
-        let since = self.memory().get(&name).and_then(|m| m.last_status_write).map(|t| t.elapsed());
-        if !force && !phase_changed && let Some(since) = since.filter(|s| *s < STATUS_EVERY) {
+        let since = self
+            .memory()
+            .get(&name)
+            .and_then(|m| m.last_status_write)
+            .map(|t| t.elapsed());
+        if !force
+            && !phase_changed
+            && let Some(since) = since.filter(|s| *s < STATUS_EVERY)
+        {
             return Ok(STATUS_EVERY - since);
         }
         let patch = status::merge_patch(
@@ -1082,14 +1540,20 @@ impl NodeMaintenanceController {
 
     /// `pilothouse_nodemaintenance_objects{phase}` from the cache.
     pub fn count_phases(&self) {
-        let mut counts: HashMap<&'static str, i64> = Phase::ALL.iter().map(|p| (p.as_str(), 0)).collect();
+        let mut counts: HashMap<&'static str, i64> =
+            Phase::ALL.iter().map(|p| (p.as_str(), 0)).collect();
         for o in self.objects.list() {
             if let Some(p) = o.status.as_ref().and_then(|s| s.phase) {
                 *counts.entry(p.as_str()).or_default() += 1;
             }
         }
         for (phase, n) in counts {
-            self.metrics.objects.get_or_create(&crate::metrics::PhaseLabel { phase: phase.into() }).set(n);
+            self.metrics
+                .objects
+                .get_or_create(&crate::metrics::PhaseLabel {
+                    phase: phase.into(),
+                })
+                .set(n);
         }
     }
 }

@@ -94,7 +94,10 @@ impl Tracker {
 
     /// The record of `uid`, created if new (a restart rebuilds it from an object's status).
     pub fn ensure(&self, uid: &str, make: impl FnOnce() -> PodRecord) -> PodRecord {
-        self.lock().entry(uid.to_string()).or_insert_with(make).clone()
+        self.lock()
+            .entry(uid.to_string())
+            .or_insert_with(make)
+            .clone()
     }
 
     pub fn update<T>(&self, uid: &str, f: impl FnOnce(&mut PodRecord) -> T) -> Option<T> {
@@ -173,7 +176,10 @@ mod tests {
         let tr = Tracker::default();
         tr.ensure("u", || PodRecord::new("ns", "p", "w1"));
         assert!(tr.claim("u", t(0)));
-        assert!(!tr.claim("u", t(0)), "a second object must not evict the same pod");
+        assert!(
+            !tr.claim("u", t(0)),
+            "a second object must not evict the same pod"
+        );
         tr.update("u", |r| {
             r.method = Some(EvictionMethod::Eviction);
             r.state = TargetState::Terminating;
