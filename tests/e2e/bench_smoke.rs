@@ -1,8 +1,8 @@
 //! The benchmark harness's smoke run for CI (issue 6): job-burst at 1 % size, node-outage at
 //! 5 % (10 nodes with 10 pods each, one failing), es-flap with 5 pods and es-restart with 10
-//! Services (4 s windows), one pair each, both sides, against real control planes. Checks the
-//! harness measures something on both sides,
-//! that both ended in the same state, and that the table and plot are produced. Numbers at this
+//! Services (4 s windows), node-drain with one node of 50 pods, one pair each, both sides,
+//! against real control planes. Checks the harness measures something on both sides, that both
+//! ended in the same state, and that the table and plot are produced. Numbers at this
 //! size say nothing about performance and are not reported as results.
 
 use anyhow::{Result, ensure};
@@ -156,6 +156,41 @@ async fn smoke_es_restart() -> Result<()> {
     Ok(())
 }
 
+/// node-drain at 10 %: one node of 50 pods (20 behind budgets) drained by a NodeMaintenance and
+/// by `kubectl drain`: both empty the node, end in the same state, and their evictions (and the
+/// refused ones) are attributed.
+async fn smoke_node_drain() -> Result<()> {
+    bench::use_binary(pilothouse_tests::pilothouse::binary()?);
+    let w = Workload {
+        name: "node-drain",
+        scale: 0.1,
+    };
+    let p = Profile { qps: 20, burst: 30 };
+    let runs = bench::run_pairs(&w, p, 1, &mut |l| println!("{l}")).await?;
+    ensure!(runs.len() == 2, "{} runs", runs.len());
+    for (side, r) in &runs {
+        let extra = |k: &str| r.extra.get(k).copied().unwrap_or(f64::NAN);
+        // 50 pods evicted at least once each; the budgets refuse some while replacements start.
+        ensure!(
+            extra("eviction requests") >= 50.0 && extra("evictions refused (429)").is_finite(),
+            "{side:?}: {:?}",
+            r.extra
+        );
+        ensure!(
+            r.converge_seconds > 0.0 && r.series.last().map(|s| s.1) == Some(1),
+            "{side:?}: {:?}",
+            r.series
+        );
+        ensure!(
+            r.state.get("node/drain-0").map(String::as_str) == Some("unschedulable=true pods=0"),
+            "{side:?}: {:?}",
+            r.state
+        );
+    }
+    println!("{}", bench::table(&w, p, &runs));
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     libtest_mimic::run(
@@ -165,6 +200,7 @@ fn main() {
             trial("bench_smoke_node_outage", || Box::pin(smoke_node_outage())),
             trial("bench_smoke_es_flap", || Box::pin(smoke_es_flap())),
             trial("bench_smoke_es_restart", || Box::pin(smoke_es_restart())),
+            trial("bench_smoke_node_drain", || Box::pin(smoke_node_drain())),
         ],
     )
     .exit()

@@ -1051,22 +1051,22 @@ async fn m12_delete_during_drain() -> Result<()> {
         }
     }))
     .await?;
-    let runs: Vec<(String, Timestamp)> = runs.into_iter().flatten().collect();
+    let runs: Vec<(String, Timestamp, Timestamp)> = runs.into_iter().flatten().collect();
     ensure!(runs.len() == 20, "{} runs", runs.len());
-    // No node write by Pilothouse after a run's object was gone.
+    // No node write by Pilothouse between a run's object being gone and the next run's object
+    // on that node being created (which writes legitimately).
     audit_settle().await;
     let log = cluster().audit_log();
     let mut late = Vec::new();
-    for (node, gone) in &runs {
+    for (node, _, gone) in &runs {
         let next = runs
             .iter()
-            .filter(|(n, t)| n == node && t > gone)
-            .map(|(_, t)| *t)
+            .filter(|(n, created, _)| n == node && created > gone)
+            .map(|(_, created, _)| *created)
             .min();
         for (t, verb) in nm::requests_to(&log, PILOTHOUSE_USER, &format!("/api/v1/nodes/{node}"))? {
             let write = !matches!(verb.as_str(), "get" | "list" | "watch");
-            // Up to the next run's start on the node (which writes legitimately).
-            if write && t > *gone && next.is_none_or(|n| t < n - SignedDuration::from_secs(30)) {
+            if write && t > *gone && next.is_none_or(|n| t < n) {
                 late.push(format!(
                     "{node}: {verb} at {t} after the object was gone at {gone}"
                 ));
@@ -1077,13 +1077,13 @@ async fn m12_delete_during_drain() -> Result<()> {
     s.cleanup(cluster()).await
 }
 
-/// One M12 run on `node`; returns (node, when the object was seen gone).
+/// One M12 run on `node`; returns (node, when its object was created, when it was seen gone).
 async fn m12_run(
     s: &Shape,
     nms: &Maintenances,
     node: &str,
     run: usize,
-) -> Result<(String, Timestamp)> {
+) -> Result<(String, Timestamp, Timestamp)> {
     let pods: Vec<String> = (0..3).map(|i| format!("r{run}-p{i}")).collect();
     for p in &pods {
         s.bare_pod(p, node, json!({"terminationGracePeriodSeconds": 3}))
@@ -1093,6 +1093,7 @@ async fn m12_run(
         s.wait_pod_ready(p).await?;
     }
     let name = format!("{}-r{run}", s.name);
+    let created = Timestamp::now();
     nms.create(&name, json!({"nodeName": node})).await?;
     // Mid-eviction: the first target accepted for eviction, then a staggered pause.
     wait::until(
@@ -1153,7 +1154,7 @@ async fn m12_run(
         )
         .await?;
     }
-    Ok((node.to_string(), gone))
+    Ok((node.to_string(), created, gone))
 }
 
 /// M13: PriorityWaves: the 2000000000 pod is not evicted before the lower waves are gone.

@@ -404,8 +404,7 @@ async fn measured(
     user: &str,
     since: Timestamp,
     drained: (Vec<(f64, usize)>, f64, f64),
-    cpu: f64,
-    rss: f64,
+    (cpu, rss): (f64, f64),
 ) -> Result<RunResult> {
     let (series, empty_at, done_at) = drained;
     let state = final_state(client, nodes).await?;
@@ -482,7 +481,7 @@ async fn with_pilothouse(
         .await?;
         let cpu = cpu_seconds(pid)? - cpu0;
         let rss = peak_rss_mib(pid)?;
-        measured(cluster, client, nodes, user, since, drained, cpu, rss).await
+        measured(cluster, client, nodes, user, since, drained, (cpu, rss)).await
     }
     .await;
     let _ = child.kill();
@@ -564,8 +563,7 @@ async fn with_kubectl(
         user,
         since,
         drained,
-        cpu1 - cpu0,
-        rss,
+        (cpu1 - cpu0, rss),
     )
     .await
 }
