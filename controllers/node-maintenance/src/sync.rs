@@ -9,6 +9,7 @@ use crate::status::{self, Entry};
 use crate::tracker::{PodRecord, Tracker};
 use crate::types::*;
 use crate::{Error, act, plan};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PodCondition};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -35,6 +36,8 @@ pub const RESYNC: Duration = Duration::from_secs(60);
 pub const BLOCKED_EVENT_EVERY: i64 = 300;
 /// NM-12: after this many failed condition writes, `lastError` says so (eviction goes on).
 pub const CONDITION_TRIES: u32 = 3;
+/// Evictions (or deletions) of one sync in flight at once.
+pub const REQUESTS_AT_ONCE: usize = 16;
 
 pub const REASON_NODE_MAINTENANCE: &str = "NodeMaintenance";
 pub const REASON_MAINTENANCE_ENDED: &str = "MaintenanceEnded";
@@ -595,21 +598,25 @@ impl NodeMaintenanceController {
         let escalate = past_deadline && drain.timeout_policy == TimeoutPolicy::Delete;
         if result.consent.is_none() {
             let message = self.targeted_message(&node_name);
-            for (uid, t) in &targets {
-                let Some(pod) = present.get(uid) else {
-                    continue;
-                };
-                if classify::is_terminating(pod)
-                    || Some(plan::wave(drain.ordering, t.priority)) != wave
-                {
-                    continue;
-                }
-                if escalate {
-                    self.delete_one(nm, pod, uid, now).await;
-                } else {
-                    self.evict_one(nm, pod, uid, &message, now).await;
-                }
-            }
+            let eligible: Vec<(&String, &Arc<Pod>)> = targets
+                .iter()
+                .filter(|(_, t)| Some(plan::wave(drain.ordering, t.priority)) == wave)
+                .filter_map(|(uid, _)| present.get(uid).map(|p| (uid, p)))
+                .filter(|(_, p)| !classify::is_terminating(p))
+                .collect();
+            // Requests of one sync go out side by side (the client's budget paces them).
+            futures::stream::iter(eligible)
+                .for_each_concurrent(REQUESTS_AT_ONCE, |(uid, pod)| {
+                    let message = &message;
+                    async move {
+                        if escalate {
+                            self.delete_one(nm, pod, uid, now).await;
+                        } else {
+                            self.evict_one(nm, pod, uid, message, now).await;
+                        }
+                    }
+                })
+                .await;
         }
         // The view of every target.
         for (uid, t) in &targets {
@@ -1325,7 +1332,15 @@ impl NodeMaintenanceController {
             );
         }
         self.end_targeting(nm).await;
-        let held = self.release(nm, node).await?;
+        let held = match self.release(nm, node).await {
+            Ok(held) => held,
+            Err(e) => {
+                // Cleanup is still running: say so, and retry.
+                st.phase = Some(Phase::Completing);
+                let _ = self.write_status(nm, st, false).await;
+                return Err(e);
+            }
+        };
         match held {
             Some(others) => status::set_condition(
                 &mut st.conditions,

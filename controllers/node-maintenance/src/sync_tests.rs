@@ -1342,3 +1342,35 @@ fn taint_helper_is_exact() {
         json!({"key": TAINT_MAINTENANCE, "effect": "NoSchedule"})
     );
 }
+
+/// §4.5: while the release keeps failing the phase says Completing; then Completed.
+#[tokio::test(start_paused = true)]
+async fn completing_until_the_release_succeeds() {
+    let kit = kit();
+    let _running = start(&kit);
+    kit.seed([node("w1", None)]);
+    kit.seed([nm("c", "w1", Stage::Cordon, DrainSpec::default())]);
+    assert!(
+        eventually(Duration::from_secs(5), || status(&kit, "c").phase
+            == Some(Phase::Cordoned))
+        .await
+    );
+    catch_up(&kit, &["c"], &["w1"], &[]);
+    kit.api.fail("patch", "nodes", 2, 500, "InternalError");
+    let mut o = stored(&kit, "c");
+    o.spec.stage = Stage::Complete;
+    kit.api.insert(&o);
+    kit.apply(o);
+    assert!(
+        eventually(Duration::from_secs(1), || status(&kit, "c").phase
+            == Some(Phase::Completing))
+        .await
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || status(&kit, "c").phase
+            == Some(Phase::Completed))
+        .await
+    );
+    let n = kit.api.object::<Node>("", "w1").unwrap();
+    assert_eq!(n.spec.unwrap().unschedulable, Some(false));
+}
