@@ -26,6 +26,9 @@ pub const CRD_FILE: &str = "crds/nodemaintenances.pilothouse.dev.yaml";
 pub const CRD_NAME: &str = "nodemaintenances.pilothouse.dev";
 /// The user the audit log names for Pilothouse running as its ServiceAccount.
 pub const PILOTHOUSE_USER: &str = "system:serviceaccount:kube-system:pilothouse";
+/// The user agent of the node-maintenance controller's requests (Pilothouse's other controllers
+/// run as the same user).
+pub const NMC_AGENT: &str = "pilothouse/node-maintenance-controller";
 /// Label on a shape's nodes (value: the shape's name), selecting its DaemonSet and Deployments.
 pub const SHAPE_LABEL: &str = "pilothouse.test/nm-shape";
 /// Where events about cluster-scoped objects (NodeMaintenances, Nodes) are written.
@@ -639,15 +642,17 @@ pub fn eviction_requests(log: &Path, ns: &str, name: &str) -> Result<Vec<Evictio
         .collect())
 }
 
-/// Requests by `user` whose URI starts with `prefix` (e.g. a pod's status or a node), with
-/// their verb, oldest first.
-pub fn requests_to(log: &Path, user: &str, prefix: &str) -> Result<Vec<(Timestamp, String)>> {
+/// Requests of Pilothouse's node-maintenance controller (user [`PILOTHOUSE_USER`], agent
+/// [`NMC_AGENT`]) to `path` or below it (e.g. a node, a pod's status), with their verb, oldest
+/// first.
+pub fn controller_requests(log: &Path, path: &str) -> Result<Vec<(Timestamp, String)>> {
     Ok(audit::read(log)?
         .into_iter()
-        .filter(|e| e.stage == "ResponseComplete" && e.user.username == user)
+        .filter(|e| e.stage == "ResponseComplete" && e.user.username == PILOTHOUSE_USER)
+        .filter(|e| e.user_agent.contains(NMC_AGENT))
         .filter(|e| {
-            let path = e.request_uri.split('?').next().unwrap_or_default();
-            path == prefix || path.starts_with(&format!("{prefix}/"))
+            let p = e.request_uri.split('?').next().unwrap_or_default();
+            p == path || p.starts_with(&format!("{path}/"))
         })
         .filter_map(|e| Some((e.received()?, e.verb.clone())))
         .collect())
