@@ -72,7 +72,11 @@ fn catalogue(cli: &Cli) -> Vec<Registration> {
 
 fn main() -> ExitCode {
     let command = Cli::command().version(version_text());
-    let matches = command.clone().get_matches();
+    // A command line copied from kube-controller-manager: its flags that do not apply here are
+    // dropped and named once below; flags neither knows stay errors.
+    let (args, ignored) =
+        shared::flags::drop_foreign_kcm_flags(std::env::args_os().collect(), &command);
+    let matches = command.clone().get_matches_from(args);
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => e.exit(),
@@ -87,6 +91,12 @@ fn main() -> ExitCode {
     }
     let set = SetFlags::from_matches(&command, &matches);
     shared::logging::init(cli.manager.logging_format, cli.manager.verbosity);
+    if !ignored.is_empty() {
+        tracing::warn!(
+            flags = %ignored.join(", "),
+            "kube-controller-manager flags that do not apply to Pilothouse were ignored"
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

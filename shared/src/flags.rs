@@ -171,9 +171,31 @@ pub struct ManagerOptions {
     #[arg(long, default_value_t = 30)]
     pub kube_api_burst: u32,
 
-    /// Plain-HTTP address for /healthz, /readyz and /metrics (Pilothouse's counterpart of
-    /// kube-controller-manager's --bind-address/--secure-port, without TLS).
-    #[arg(long, default_value = "0.0.0.0:10267")]
+    /// The IP address on which to listen for the --secure-port port (as kube-controller-manager).
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: String,
+
+    /// The port on which to serve HTTPS with authentication and authorization (delegated to the
+    /// API server) for /metrics; /healthz, /readyz and /livez are always allowed. 0 disables it.
+    #[arg(long, default_value_t = 10257)]
+    pub secure_port: u16,
+
+    /// File containing the default x509 certificate for HTTPS (CA cert, if any, concatenated
+    /// after the server cert). Without it a self-signed certificate is generated at start.
+    #[arg(long, default_value = "")]
+    pub tls_cert_file: String,
+
+    /// File containing the default x509 private key matching --tls-cert-file.
+    #[arg(long, default_value = "")]
+    pub tls_private_key_file: String,
+
+    /// HTTP paths served without authorization (`/p/*` matches a prefix).
+    #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
+    pub authorization_always_allow_paths: Vec<String>,
+
+    /// Plain-HTTP address (host:port) for /healthz, /readyz, /livez and /metrics, without
+    /// authentication: off unless given. Pilothouse's own flag (kube-controller-manager has none).
+    #[arg(long, default_value = "")]
     pub metrics_bind_address: String,
 
     /// How long in-flight syncs may run after SIGTERM before the lease is released anyway.
@@ -459,6 +481,13 @@ mod tests {
         assert_eq!(o.leader_elect_resource_name, "pilothouse");
         assert_eq!(o.kube_api_qps, 20.0);
         assert_eq!(o.kube_api_burst, 30);
+        // Serving as kcm: HTTPS on 0.0.0.0:10257; plain HTTP only when asked for.
+        assert_eq!((o.bind_address.as_str(), o.secure_port), ("0.0.0.0", 10257));
+        assert_eq!(
+            o.authorization_always_allow_paths,
+            ["/healthz", "/readyz", "/livez"]
+        );
+        assert!(o.metrics_bind_address.is_empty());
         assert!(!set.is_set("leader-elect"));
         assert!(!set.is_set("kube-api-qps"));
     }
@@ -609,8 +638,14 @@ mod tests {
     fn kcm_controllers_we_do_not_host_are_accepted() {
         // An operator's kcm list: names and aliases of kcm controllers, enabled or disabled.
         assert_eq!(
-            resolve(&["*", "-deployment-controller", "daemonset", "bootstrapsigner", "-job"])
-                .unwrap(),
+            resolve(&[
+                "*",
+                "-deployment-controller",
+                "daemonset",
+                "bootstrapsigner",
+                "-job"
+            ])
+            .unwrap(),
             vec!["cronjob-controller"]
         );
         assert!(matches!(
@@ -645,7 +680,14 @@ mod tests {
         );
         assert_eq!(
             kept,
-            os(&["pilothouse", "--kube-api-qps=5", "--kubeconfig", "/k", "--bogus", "--v=2"])
+            os(&[
+                "pilothouse",
+                "--kube-api-qps=5",
+                "--kubeconfig",
+                "/k",
+                "--bogus",
+                "--v=2"
+            ])
         );
         assert_eq!(
             dropped,
@@ -660,9 +702,15 @@ mod tests {
         assert!(command.clone().try_get_matches_from(&kept).is_err());
         // After `--`, and with a subcommand, nothing is touched.
         let line = os(&["pilothouse", "schedule", "--cluster-cidr", "x"]);
-        assert_eq!(drop_foreign_kcm_flags(line.clone(), &command), (line, vec![]));
+        assert_eq!(
+            drop_foreign_kcm_flags(line.clone(), &command),
+            (line, vec![])
+        );
         let line = os(&["pilothouse", "--", "--cluster-cidr"]);
-        assert_eq!(drop_foreign_kcm_flags(line.clone(), &command), (line, vec![]));
+        assert_eq!(
+            drop_foreign_kcm_flags(line.clone(), &command),
+            (line, vec![])
+        );
     }
 
     /// The committed vocabulary is what the pinned kube-controller-manager prints and its source
@@ -687,7 +735,10 @@ mod tests {
         assert_eq!(kcm::flag_takes_value("cluster-cidr"), Some(true));
         assert_eq!(kcm::flag_takes_value("allocate-node-cidrs"), Some(false));
         assert_eq!(kcm::flag_takes_value("no-such-flag"), None);
-        assert_eq!(kcm::controller("nodelifecycle"), Some("node-lifecycle-controller"));
+        assert_eq!(
+            kcm::controller("nodelifecycle"),
+            Some("node-lifecycle-controller")
+        );
         assert_eq!(kcm::controller("ttl"), Some("ttl-controller"));
         assert!(kcm::is_gate("AllBeta"));
         assert!(!kcm::is_gate("kube:AllBeta"));

@@ -1,4 +1,5 @@
-//! One plain-HTTP server for /healthz, /readyz and /metrics.
+//! /healthz, /livez, /readyz and /metrics: one router, served over HTTPS behind delegated
+//! authorization (`serving.rs`) and, only when asked for, over plain HTTP.
 
 use crate::election::LeaderElector;
 use crate::informers::Informers;
@@ -51,18 +52,23 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     )
 }
 
-/// Binds `addr` and serves until `stop`. Returns the bound address (useful with port 0).
+pub fn router(health: Health) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/livez", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(health)
+}
+
+/// Binds `addr` and serves plain HTTP until `stop`. Returns the bound address (useful with
+/// port 0).
 pub async fn serve(
     addr: &str,
     health: Health,
     stop: CancellationToken,
 ) -> std::io::Result<std::net::SocketAddr> {
-    let app = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/livez", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(health);
+    let app = router(health);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {

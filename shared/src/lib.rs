@@ -25,6 +25,7 @@ pub mod ratelimit;
 pub mod refs;
 pub mod retry;
 pub mod selector;
+pub mod serving;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod writer;

@@ -13,6 +13,7 @@ use crate::flags::{self, FlagError, ManagerOptions, SetFlags};
 use crate::health::{self, Health};
 use crate::informers::Informers;
 use crate::metrics::Metrics;
+use crate::serving::{self, Delegated, SecureServing};
 use futures::future::join_all;
 use kube::Config;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -38,6 +39,11 @@ pub enum ManagerError {
     Health {
         addr: String,
         source: std::io::Error,
+    },
+    #[error("secure serving on {addr}: {source}")]
+    Serving {
+        addr: String,
+        source: crate::serving::ServingError,
     },
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
@@ -169,13 +175,35 @@ pub async fn run(
         informers: Arc::clone(&informers),
         elector: elector.clone(),
     };
-    let bound = health::serve(&opts.metrics_bind_address, health, process_stop.clone())
-        .await
-        .map_err(|source| ManagerError::Health {
-            addr: opts.metrics_bind_address.clone(),
-            source,
-        })?;
-    tracing::info!(address = %bound, "serving /healthz /readyz /metrics");
+    if opts.secure_port != 0 {
+        let secure = SecureServing {
+            bind_address: opts.bind_address.clone(),
+            port: opts.secure_port,
+            cert_file: opts.tls_cert_file.clone(),
+            key_file: opts.tls_private_key_file.clone(),
+            always_allow_paths: opts.authorization_always_allow_paths.clone(),
+        };
+        // Reviews come from a client of their own: scrapes never spend a controller's budget.
+        let auth = Delegated::new(client::build(
+            &config,
+            ClientSpec::new("delegated-auth", opts.kube_api_qps, opts.kube_api_burst),
+            &metrics,
+        )?);
+        let addr = format!("{}:{}", opts.bind_address, opts.secure_port);
+        let bound = serving::serve(&secure, health.clone(), auth, process_stop.clone())
+            .await
+            .map_err(|source| ManagerError::Serving { addr, source })?;
+        tracing::info!(address = %bound, "serving securely on HTTPS: /metrics behind delegated authorization, /healthz /readyz /livez open");
+    }
+    if !opts.metrics_bind_address.is_empty() {
+        let bound = health::serve(&opts.metrics_bind_address, health, process_stop.clone())
+            .await
+            .map_err(|source| ManagerError::Health {
+                addr: opts.metrics_bind_address.clone(),
+                source,
+            })?;
+        tracing::info!(address = %bound, "serving /healthz /readyz /metrics on plain HTTP");
+    }
 
     let shutdown = CancellationToken::new();
     spawn_signal_watch(shutdown.clone())?;

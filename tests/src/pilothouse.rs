@@ -34,7 +34,8 @@ pub struct Pilothouse {
 
 impl Pilothouse {
     /// Starts `pilothouse --kubeconfig=<kubeconfig> <args>`, logging to `<log_dir>/<name>.log`.
-    /// Health and metrics bind to a free loopback port unless `args` say otherwise.
+    /// Health and metrics bind to a free loopback port over plain HTTP, and the secure port is
+    /// off, unless `args` say otherwise.
     pub fn spawn(
         name: &str,
         kubeconfig: &Path,
@@ -48,6 +49,10 @@ impl Pilothouse {
         cmd.arg(format!("--kubeconfig={}", kubeconfig.display()));
         if !args.iter().any(|a| a.starts_with("--metrics-bind-address")) {
             cmd.arg("--metrics-bind-address=127.0.0.1:0");
+        }
+        // kcm's secure port 10257 would clash between replicas on one host: off unless asked.
+        if !args.iter().any(|a| a.starts_with("--secure-port")) {
+            cmd.arg("--secure-port=0");
         }
         cmd.args(args)
             .stdout(file.try_clone()?)
@@ -183,16 +188,74 @@ impl Pilothouse {
 
 /// A minimal HTTP/1.1 GET over a fresh connection (health endpoints are plain HTTP on loopback).
 pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
+    let s = tokio::net::TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
+    get_over(s, addr, path, None).await
+}
+
+/// The same GET over TLS (the secure port), with an optional bearer token. `roots`: the
+/// certificates to trust; `None` accepts any certificate (a self-signed serving pair).
+pub async fn https_get(
+    addr: &str,
+    path: &str,
+    bearer: Option<&str>,
+    roots: Option<&[rustls::pki_types::CertificateDer<'static>]>,
+) -> Result<(u16, String)> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::clone(&provider))
+        .with_safe_default_protocol_versions()?;
+    let config = match roots {
+        Some(certs) => {
+            let mut store = rustls::RootCertStore::empty();
+            for c in certs {
+                store.add(c.clone())?;
+            }
+            builder.with_root_certificates(store).with_no_client_auth()
+        }
+        None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(std::sync::Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth(),
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_string();
+    let name = rustls::pki_types::ServerName::try_from(host)?;
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .with_context(|| format!("TLS handshake with {addr}"))?;
+    get_over(tls, addr, path, bearer).await
+}
+
+async fn get_over<S>(
+    mut s: S,
+    addr: &str,
+    path: &str,
+    bearer: Option<&str>,
+) -> Result<(u16, String)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let auth = bearer
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
     )
     .await?;
     let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await??;
+    // A TLS peer may close without close_notify after the response: keep what was read.
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await?;
+    if let Err(e) = read {
+        if buf.is_empty() {
+            return Err(e.into());
+        }
+    }
     let text = String::from_utf8_lossy(&buf).to_string();
     let status = text
         .split_whitespace()
@@ -204,4 +267,54 @@ pub async fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     Ok((status, body))
+}
+
+/// Trusts any server certificate (still checking the handshake's signatures): for a serving
+/// certificate generated at start, which nobody can know in advance.
+#[derive(Debug)]
+struct AnyCertificate(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }

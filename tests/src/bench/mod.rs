@@ -369,6 +369,7 @@ fn start_under_test(
             let mut c = Command::new(release_binary()?);
             c.arg(format!("--kubeconfig={}", kc.display()))
                 .arg(format!("--metrics-bind-address=127.0.0.1:{port}"))
+                .arg("--secure-port=0")
                 .arg("--leader-elect=false")
                 .arg(format!("--controllers={}", controllers.join(",")));
             c
