@@ -447,6 +447,7 @@ async fn with_pilothouse(
     let mut cmd = std::process::Command::new(release_binary()?);
     cmd.arg(format!("--kubeconfig={}", kc.display()))
         .arg(format!("--metrics-bind-address=127.0.0.1:{port}"))
+        .arg("--secure-port=0")
         .arg("--leader-elect=false")
         .arg("--controllers=node-maintenance-controller")
         .arg(format!("--kube-api-qps={}", p.qps))
