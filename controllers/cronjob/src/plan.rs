@@ -107,7 +107,9 @@ pub fn most_recent(
     }
     let elapsed = now.duration_since(t1).as_secs();
     let missed = elapsed / between + 1;
-    let mut t = next(t1 + secs((missed - 2) * between));
+    // `now >= t2` above, so `missed >= 2` and `t1 + (missed - 2) * between <= now`: in range.
+    let skip = secs(missed.saturating_sub(2).saturating_mul(between));
+    let mut t = next(t1.checked_add(skip).unwrap_or(t1));
     while let Some(slot) = t.filter(|slot| *slot <= now) {
         out.most_recent = Some(slot);
         t = next(slot);
@@ -137,7 +139,7 @@ pub fn requeue_after(
     };
     let next = sched.next(base, policy)?;
     let wait = Duration::try_from(next.duration_since(now)).unwrap_or(Duration::ZERO);
-    Some(wait + NEXT_SCHEDULE_DELTA)
+    Some(wait.saturating_add(NEXT_SCHEDULE_DELTA))
 }
 
 /// An event to emit on the CronJob.

@@ -301,9 +301,18 @@ pub fn evaluate(obs: &Observed<'_>) -> Evaluation {
         .iter()
         .filter(|p| policy::match_pod_failure_policy(failure_policy, p).counts)
         .count() as i32;
-    let mut succeeded =
-        status.succeeded.unwrap_or(0) + new_succeeded.len() as i32 + unc_succeeded.len() as i32;
-    let failed = status.failed.unwrap_or(0) + counted_new_failed + unc_failed.len() as i32;
+    // A status writer may have left the counters anywhere up to i32::MAX (validation only asks
+    // for ≥ 0): newly counted pods saturate rather than overflow.
+    let mut succeeded = status
+        .succeeded
+        .unwrap_or(0)
+        .saturating_add(new_succeeded.len() as i32)
+        .saturating_add(unc_succeeded.len() as i32);
+    let failed = status
+        .failed
+        .unwrap_or(0)
+        .saturating_add(counted_new_failed)
+        .saturating_add(unc_failed.len() as i32);
 
     // JR-43: startTime on the first sync of an unsuspended Job.
     if status.start_time.is_none() && !suspended(job) {
@@ -368,7 +377,7 @@ pub fn evaluate(obs: &Observed<'_>) -> Evaluation {
                     now,
                 ));
             } else {
-                deadline_requeue = Some(allowed - elapsed);
+                deadline_requeue = Some(allowed.saturating_sub(elapsed));
             }
         }
     }
@@ -630,10 +639,11 @@ pub fn new_index_failure_counts(job: &Job, replaced: Option<&Pod>) -> (i32, i32)
             .and_then(|s| s.pod_failure_policy.as_ref()),
         p,
     );
+    // The annotations are the user's strings: "2147483647" parses.
     if m.counts {
-        failures += 1;
+        failures = failures.saturating_add(1);
     } else {
-        ignored += 1;
+        ignored = ignored.saturating_add(1);
     }
     (failures, ignored)
 }
@@ -993,7 +1003,7 @@ pub fn clean_uncounted(status: &mut JobStatus, with_finalizer: &HashSet<String>)
             .collect();
         if kept.len() != n {
             changed = true;
-            *counter = Some(counter.unwrap_or(0) + (n - kept.len()) as i32);
+            *counter = Some(counter.unwrap_or(0).saturating_add((n - kept.len()) as i32));
         }
         *list = (!kept.is_empty()).then_some(kept);
     };
@@ -1041,3 +1051,7 @@ pub fn enact_finished(
 #[cfg(test)]
 #[path = "plan_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "plan_props.rs"]
+mod props;

@@ -212,7 +212,7 @@ pub fn remaining_for_failures(failures: i32, last: Option<Timestamp>, now: Times
     };
     let mut backoff = DEFAULT_POD_FAILURE_BACKOFF;
     for _ in 1..failures {
-        backoff *= 2;
+        backoff = backoff.saturating_mul(2);
         if backoff >= MAX_POD_FAILURE_BACKOFF {
             backoff = MAX_POD_FAILURE_BACKOFF;
             break;

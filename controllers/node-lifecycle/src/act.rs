@@ -93,7 +93,10 @@ impl Act {
         let change = &change;
         on_conflict_with(
             STATUS_RETRIES,
-            |attempt| TAINT_RETRY_FIRST * 2u32.pow(attempt.saturating_sub(1) as u32),
+            |attempt| {
+                let doublings = u32::try_from(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+                TAINT_RETRY_FIRST.saturating_mul(2u32.saturating_pow(doublings))
+            },
             |attempt| async move {
                 let current = match attempt {
                     0 => node.clone(),

@@ -200,11 +200,21 @@ impl ZoneLimiter {
         let q = self.qps?;
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
         let tokens = (self.tokens + dt * q).min(1.0);
-        Some(Duration::from_secs_f64(((1.0 - tokens) / q).max(0.0)))
+        // A rate of 1e-45 (an accepted flag) waits longer than a Duration holds: saturate.
+        Some(Duration::try_from_secs_f64(((1.0 - tokens) / q).max(0.0)).unwrap_or(Duration::MAX))
     }
 }
 
 /// NL-3: the grace that applies to a node.
+/// `from + d`, or a time about 30 years after `from` when that is not representable (a grace
+/// period flag of `--node-monitor-grace-period=2562047h` is accepted): never panics.
+pub fn deadline(from: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+    from.checked_add(d)
+        .or_else(|| from.checked_add(FAR))
+        .unwrap_or(from)
+}
+
 pub fn grace(has_ready: bool, monitor_grace: Duration, startup_grace: Duration) -> Duration {
     if has_ready {
         monitor_grace
@@ -909,5 +919,29 @@ mod tests {
             grace(false, Duration::from_secs(50), Duration::from_secs(60)),
             Duration::from_secs(60)
         );
+    }
+
+    /// A grace-period flag is any Go duration (`--node-monitor-grace-period=2562047h` parses):
+    /// the node's timer saturates instead of `overflow when adding duration to instant`.
+    #[test]
+    fn deadline_saturates_for_any_grace() {
+        let t0 = Instant::now();
+        assert_eq!(
+            deadline(t0, Duration::from_secs(40)),
+            t0 + Duration::from_secs(40)
+        );
+        for huge in [Duration::MAX, Duration::from_secs(i64::MAX as u64)] {
+            assert!(deadline(t0, huge) > t0 + Duration::from_secs(86_400 * 365));
+        }
+    }
+
+    /// `--node-eviction-rate=1e-45` (a positive f32) waits longer than a Duration holds: the
+    /// wait saturates instead of `from_secs_f64` panicking.
+    #[test]
+    fn next_token_in_saturates_for_a_tiny_rate() {
+        let t0 = Instant::now();
+        let mut l = ZoneLimiter::new(1e-45, t0);
+        assert!(l.try_accept(t0));
+        assert_eq!(l.next_token_in(t0), Some(Duration::MAX));
     }
 }

@@ -309,7 +309,7 @@ impl NodeLifecycle {
             self.opts.node_monitor_grace_period,
             self.opts.node_startup_grace_period,
         );
-        let due = probe + grace;
+        let due = plan::deadline(probe, grace);
         let mut node: Node = (*node).clone();
         let stale = now > due;
         if let Some(m) = self.memory().get_mut(name) {
@@ -389,7 +389,10 @@ impl NodeLifecycle {
         Ok(if stale {
             Next::Done
         } else {
-            Next::After(due.saturating_duration_since(Instant::now()) + Duration::from_millis(1))
+            Next::After(
+                due.saturating_duration_since(Instant::now())
+                    .saturating_add(Duration::from_millis(1)),
+            )
         })
     }
 

@@ -175,7 +175,7 @@ impl NodeLifecycle {
         let grace = self.opts.node_monitor_grace_period;
         self.memory()
             .values()
-            .filter(|m| m.ready.as_deref() == Some("True") && now > m.probe + grace)
+            .filter(|m| m.ready.as_deref() == Some("True") && now > plan::deadline(m.probe, grace))
             .map(|m| m.zone.clone())
             .collect()
     }
@@ -242,7 +242,8 @@ impl NodeLifecycle {
                 if let Some(expired) = expired {
                     // Past its batch window and the pass that follows it, a queued node was
                     // waiting for the zone's token.
-                    let eligible = queued_at + BATCH_WINDOW + TAINT_PASS;
+                    let eligible =
+                        plan::deadline(queued_at, BATCH_WINDOW.saturating_add(TAINT_PASS));
                     self.detected(
                         "noexecute",
                         expired,
