@@ -96,12 +96,26 @@ async fn crd_established_and_read_faithfully() -> Result<()> {
     ])?)?;
     let want = serde_json::to_value(NodeMaintenance::crd())?;
     ensure!(
-        read["spec"] == want["spec"],
+        numbers_as_f64(&read["spec"]) == numbers_as_f64(&want["spec"]),
         "kubectl reads {CRD_FILE} differently from NodeMaintenance::crd()"
     );
     // `kubectl get pnm` works through the short name.
     cluster().kubectl(&["get", "pnm"])?;
     Ok(())
+}
+
+/// JSON numbers as f64: kubectl prints `minimum: 0.0` as 0, serde_json tells 0 and 0.0 apart.
+fn numbers_as_f64(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => n.as_f64().map_or(Value::Null, |f| json!(f)),
+        Value::Array(a) => Value::Array(a.iter().map(numbers_as_f64).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), numbers_as_f64(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// M7: the API server refuses invalid objects and stage changes, with the rules' messages.
@@ -515,27 +529,36 @@ async fn admission_policy_requires_node_patch() -> Result<()> {
 }
 
 /// Runs `pilothouse --kubeconfig=<admin> maintenance <args>` (stdout not a terminal: plain
-/// lines): (exit code, stdout, stderr).
+/// lines): (exit code, stdout, stderr). Output goes to files in the suite's log folder, so what
+/// a process printed before it ran over `timeout` is still shown.
 async fn cli(args: &[&str], timeout: Duration) -> Result<(i32, String, String)> {
-    let mut cmd = tokio::process::Command::new(pilothouse_tests::pilothouse::binary()?);
-    cmd.arg(format!("--kubeconfig={}", cluster().kubeconfig.display()))
+    let tag = unique("cli");
+    let dir = pilothouse_tests::harness::log_dir();
+    let (out, err) = (
+        dir.join(format!("{tag}.out")),
+        dir.join(format!("{tag}.err")),
+    );
+    let mut child = tokio::process::Command::new(pilothouse_tests::pilothouse::binary()?)
+        .arg(format!("--kubeconfig={}", cluster().kubeconfig.display()))
         .arg("maintenance")
         .args(args)
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(timeout, cmd.output())
-        .await
-        .with_context(|| {
-            format!(
-                "pilothouse maintenance {} ran over {timeout:?}",
-                args.join(" ")
+        .stdout(std::fs::File::create(&out)?)
+        .stderr(std::fs::File::create(&err)?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(status) => Ok((status?.code().unwrap_or(-1), read(&out), read(&err))),
+        Err(_) => {
+            let _ = child.kill().await;
+            bail!(
+                "pilothouse maintenance {} ran over {timeout:?}\nstdout:\n{}\nstderr:\n{}",
+                args.join(" "),
+                read(&out),
+                read(&err)
             )
-        })??;
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    Ok((
-        out.status.code().unwrap_or(-1),
-        text(&out.stdout),
-        text(&out.stderr),
-    ))
+        }
+    }
 }
 
 fn node_released(n: &Node) -> bool {
@@ -676,11 +699,19 @@ async fn cli_deadlock_exits_non_zero() -> Result<()> {
     )
     .await?;
     let t0 = tokio::time::Instant::now();
-    let (code, out, err) = cli(
+    let nms = Maintenances::new(s.client.clone());
+    let (code, out, err) = match cli(
         &["start", &w1, "--reason", "x", "--wait", "--timeout", "5s"],
         Duration::from_secs(60),
     )
-    .await?;
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => bail!(
+            "{e:#}\nobject: {}",
+            nm::describe(nms.get_opt(&w1).await?.as_ref())
+        ),
+    };
     println!(
         "MEASURE cli deadlock: exit {code} after {:.2}s\nstdout:\n{out}\nstderr:\n{err}",
         t0.elapsed().as_secs_f64()
@@ -703,7 +734,7 @@ async fn cli_deadlock_exits_non_zero() -> Result<()> {
     ensure!(code == 0, "end exit {code}\nstdout:\n{out}\nstderr:\n{err}");
     let node = s.node(&w1).await?;
     ensure!(node_released(&node), "{:?}", cordon_state(&node));
-    Maintenances::new(s.client.clone()).delete(&w1).await?;
+    nms.delete(&w1).await?;
     s.cleanup(cluster()).await
 }
 

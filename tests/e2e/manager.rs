@@ -293,9 +293,9 @@ async fn election_partition_steps_down() -> Result<()> {
     Ok(())
 }
 
-/// (e, as far as it can go before the first controller lands) `--controllers` validation: an
-/// unknown name and a planned controller are start-up errors naming the valid ones; with nothing
-/// built, `*` runs no controller and opens no watch.
+/// (e) `--controllers` validation: an unknown name is a start-up error naming the valid ones;
+/// `*` runs the on-by-default controllers only, so node-maintenance-controller (ours, off by
+/// default: it needs its CRD) stays off under `*` and runs when named.
 async fn controllers_flag() -> Result<()> {
     let lease = unique("ph-e");
     let mut bad = spawn(
@@ -310,25 +310,9 @@ async fn controllers_flag() -> Result<()> {
     let log = bad.log_text();
     ensure!(
         log.contains("\"jobs\" is not in the list of known controllers")
-            && log.contains("job-controller, cronjob-controller"),
+            && log.contains("job-controller, cronjob-controller")
+            && log.contains("node-maintenance-controller"),
         "{log}"
-    );
-
-    let mut planned = spawn(
-        "e-planned",
-        &election_args(&lease, &["--controllers=node-maintenance-controller"]),
-    )?;
-    let status = planned.wait_exit(Duration::from_secs(10)).await?;
-    ensure!(
-        status.code() == Some(2),
-        "planned controller exited with {status}"
-    );
-    ensure!(
-        planned
-            .log_text()
-            .contains("\"node-maintenance-controller\" is planned but not built yet"),
-        "{}",
-        planned.log_text()
     );
 
     let mut ok = spawn(
@@ -346,13 +330,39 @@ async fn controllers_flag() -> Result<()> {
     )
     .await?;
     ensure!(ok.running(), "exited: {}", ok.log_tail(20));
-    // Every built controller but those named (node lifecycle stays with kcm in this suite).
+    // Every on-by-default controller but those named (node lifecycle stays with kcm in this
+    // suite): not node-maintenance-controller.
     ensure!(
         ok.log_text()
             .contains("enabled=[\"taint-eviction-controller\"]"),
         "{}",
         ok.log_tail(20)
     );
+    ok.sigterm()?;
+    ensure!(ok.wait_exit(Duration::from_secs(5)).await?.success());
+
+    // Named, it runs (its caches list NodeMaintenances: the CRD must be served).
+    pilothouse_tests::maintenance::install_crd(cluster()).await?;
+    let lease = unique("ph-e-nm");
+    let mut named = spawn(
+        "e-named",
+        &election_args(&lease, &["--controllers=node-maintenance-controller"]),
+    )?;
+    named
+        .wait_log(
+            "starting controller controller=\"node-maintenance-controller\"",
+            Duration::from_secs(30),
+        )
+        .await?;
+    ensure!(
+        named
+            .log_text()
+            .contains("enabled=[\"node-maintenance-controller\"]"),
+        "{}",
+        named.log_tail(20)
+    );
+    named.sigterm()?;
+    ensure!(named.wait_exit(Duration::from_secs(5)).await?.success());
     Ok(())
 }
 
@@ -396,7 +406,9 @@ async fn controllers_flag_limits_watches() -> Result<()> {
         };
 
     // Each controller alone: it starts, and the caches watch exactly what it reads.
-    let alone: [(&str, &str, &[&str]); 6] = [
+    // node-maintenance-controller's caches list NodeMaintenances: serve the CRD first.
+    pilothouse_tests::maintenance::install_crd(&own).await?;
+    let alone: [(&str, &str, &[&str]); 7] = [
         (
             "taint-eviction-controller",
             "taint-eviction-controller",
@@ -418,6 +430,17 @@ async fn controllers_flag_limits_watches() -> Result<()> {
             "endpointslicemirroring",
             "endpointslice-mirroring-controller",
             &["endpoints", "endpointslices", "services"],
+        ),
+        (
+            "node-maintenance-controller",
+            "node-maintenance-controller",
+            &[
+                "daemonsets",
+                "nodemaintenances",
+                "nodes",
+                "poddisruptionbudgets",
+                "pods",
+            ],
         ),
     ];
     for (flag, name, want) in alone {
