@@ -461,3 +461,7 @@ pub fn job_reference(job: &Job) -> ObjectReference {
 #[cfg(test)]
 #[path = "plan_tests.rs"]
 mod plan_tests;
+
+#[cfg(test)]
+#[path = "plan_props.rs"]
+mod props;

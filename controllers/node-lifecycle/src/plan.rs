@@ -205,16 +205,13 @@ impl ZoneLimiter {
     }
 }
 
-/// NL-3: the grace that applies to a node.
-/// `from + d`, or a time about 30 years after `from` when that is not representable (a grace
-/// period flag of `--node-monitor-grace-period=2562047h` is accepted): never panics.
+/// `from + d`, capped at the runtime's far future (a grace-period flag of
+/// `--node-monitor-grace-period=2562047h` is accepted): never panics.
 pub fn deadline(from: Instant, d: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
-    from.checked_add(d)
-        .or_else(|| from.checked_add(FAR))
-        .unwrap_or(from)
+    shared::queue::far_or(from, d)
 }
 
+/// NL-3: the grace that applies to a node.
 pub fn grace(has_ready: bool, monitor_grace: Duration, startup_grace: Duration) -> Duration {
     if has_ready {
         monitor_grace

@@ -471,3 +471,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "plan_props.rs"]
+mod props;
