@@ -135,7 +135,7 @@ impl Metrics {
             build.get_or_create(&BuildInfoLabels::current()).set(1);
             reg.register(
                 "kubernetes_build_info",
-                "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
+                "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running",
                 build,
             );
         }
@@ -296,7 +296,7 @@ impl Metrics {
                 };
                 self.register(
                     "rest_client_request_duration_seconds",
-                    "Request latency in seconds. Broken down by verb, and host.",
+                    "Request latency in seconds. Broken down by verb, and host",
                     m.request_duration.clone(),
                 );
                 self.register(
@@ -381,36 +381,36 @@ impl prometheus_client::collector::Collector for ProcessCollector {
         let cpu = ConstCounter::new((stat.utime + stat.stime) as f64 / ticks);
         cpu.encode(encoder.encode_descriptor(
             "process_cpu_seconds",
-            "Total user and system CPU time spent in seconds.",
+            "Total user and system CPU time spent in seconds",
             None,
             cpu.metric_type(),
         )?)?;
         let gauges = [
             (
                 "process_resident_memory_bytes",
-                "Resident memory size in bytes.",
+                "Resident memory size in bytes",
                 Some(stat.rss as f64 * page),
             ),
             (
                 "process_virtual_memory_bytes",
-                "Virtual memory size in bytes.",
+                "Virtual memory size in bytes",
                 Some(stat.vsize as f64),
             ),
             (
                 "process_start_time_seconds",
-                "Start time of the process since unix epoch in seconds.",
+                "Start time of the process since unix epoch in seconds",
                 procfs::boot_time_secs()
                     .ok()
                     .map(|boot| boot as f64 + stat.starttime as f64 / ticks),
             ),
             (
                 "process_open_fds",
-                "Number of open file descriptors.",
+                "Number of open file descriptors",
                 me.fd_count().ok().map(|n| n as f64),
             ),
             (
                 "process_max_fds",
-                "Maximum number of open file descriptors.",
+                "Maximum number of open file descriptors",
                 me.limits()
                     .ok()
                     .and_then(|l| match l.max_open_files.soft_limit {

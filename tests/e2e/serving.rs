@@ -121,7 +121,7 @@ async fn secure_port_delegates_to_the_api_server() -> Result<()> {
         "process_open_fds ",
         "process_max_fds ",
         "process_start_time_seconds ",
-        "rest_client_request_duration_seconds_bucket{verb=\"GET\"",
+        "rest_client_request_duration_seconds_count{verb=\"GET\"",
         "rest_client_requests_total{",
         "kubernetes_build_info{major=\"0\"",
         "running_managed_controllers{name=\"job-controller\",manager=\"pilothouse\"} 1",
