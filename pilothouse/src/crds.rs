@@ -4,7 +4,6 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
-use std::path::Path;
 use std::process::ExitCode;
 
 /// The command that regenerates `crds/`, as the stale-file test tells the developer.
@@ -84,7 +83,7 @@ fn write(args: &CrdArgs) -> Result<(), String> {
 
 #[cfg(test)]
 /// The stale files of `dir` (missing, different, or a `.yaml` no CRD produces), for the test.
-pub fn stale(dir: &Path) -> Result<Vec<String>, String> {
+pub fn stale(dir: &std::path::Path) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     let crds = all();
     for crd in &crds {
@@ -111,7 +110,7 @@ mod tests {
     use super::*;
 
     fn crds_dir() -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds")
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds")
     }
 
     #[test]
