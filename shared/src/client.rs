@@ -66,6 +66,9 @@ pub struct ClientSpec {
     pub bucket: Option<Arc<TokenBucket>>,
     /// Served only from tokens nobody else has reserved (events yield to object writes).
     pub low_priority: bool,
+    /// Sent as `Authorization` on every request (`--use-service-account-credentials`); the
+    /// base configuration then carries no credentials of its own.
+    pub bearer: Option<Arc<crate::credentials::BearerToken>>,
 }
 
 impl ClientSpec {
@@ -78,6 +81,7 @@ impl ClientSpec {
             fence: None,
             bucket: None,
             low_priority: false,
+            bearer: None,
         }
     }
 }
@@ -112,11 +116,17 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
             host,
             metrics: metrics.rest_client(),
             fence: spec.fence,
+            bearer: spec.bearer,
         }),
     };
-    Ok(ClientBuilder::try_from(config.clone())?
-        .with_layer(&layer)
-        .build())
+    // kube's default retry re-sends every 429, 503 and 504 up to 15 times with backoff up to
+    // 1000 s, beneath this layer (outside the controller's token bucket and write fence) and
+    // inside the sync: a PodDisruptionBudget's 429 on an eviction kept a worker for minutes.
+    // Controllers classify every answer and retry through their queues' per-key backoff, as
+    // client-go's controllers do.
+    let mut config = config.clone();
+    config.default_retry = false;
+    Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
 }
 
 struct Shared {
@@ -129,6 +139,7 @@ struct Shared {
     host: String,
     metrics: Arc<RestClientMetrics>,
     fence: Option<Arc<dyn WriteFence>>,
+    bearer: Option<Arc<crate::credentials::BearerToken>>,
 }
 
 #[derive(Clone)]
@@ -179,6 +190,10 @@ where
         }
         req.headers_mut()
             .insert(http::header::USER_AGENT, shared.user_agent.clone());
+        if let Some(b) = &shared.bearer {
+            req.headers_mut()
+                .insert(http::header::AUTHORIZATION, b.header());
+        }
         let delay = if shared.low_priority {
             None
         } else {
@@ -254,5 +269,57 @@ where
                 .inc();
             res
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A 429 reaches the caller after one request: no transparent re-sends beneath the
+    /// controller's budget (a PodDisruptionBudget's refusal must be classified, not retried).
+    #[tokio::test]
+    async fn a_429_is_answered_once_not_retried() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&served);
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let count = Arc::clone(&count);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {
+                                count.fetch_add(1, Ordering::SeqCst);
+                                let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Cannot evict pod as it would violate the pod's disruption budget.","reason":"TooManyRequests","code":429}"#;
+                                let resp = format!(
+                                    "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                                    body.len()
+                                );
+                                if sock.write_all(resp.as_bytes()).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let config = Config::new(format!("http://{addr}").parse().unwrap());
+        let metrics = Metrics::new();
+        let client = build(&config, ClientSpec::new("test", 100.0, 100), &metrics).unwrap();
+        let writer = crate::writer::Writer::from_client(client);
+        let err = writer.evict("ns", "p", None).await.unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.code == 429),
+            "{err:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert_eq!(served.load(Ordering::SeqCst), 1);
     }
 }
