@@ -532,16 +532,46 @@ async fn admission_policy_requires_node_patch() -> Result<()> {
 /// lines): (exit code, stdout, stderr). Output goes to files in the suite's log folder, so what
 /// a process printed before it ran over `timeout` is still shown.
 async fn cli(args: &[&str], timeout: Duration) -> Result<(i32, String, String)> {
+    run_cli(args, timeout, false).await
+}
+
+/// [`cli`] on a pseudo-terminal (util-linux `script`), as a person at a terminal runs it.
+async fn cli_tty(args: &[&str], timeout: Duration) -> Result<(i32, String, String)> {
+    run_cli(args, timeout, true).await
+}
+
+async fn run_cli(args: &[&str], timeout: Duration, tty: bool) -> Result<(i32, String, String)> {
     let tag = unique("cli");
     let dir = pilothouse_tests::harness::log_dir();
     let (out, err) = (
         dir.join(format!("{tag}.out")),
         dir.join(format!("{tag}.err")),
     );
-    let mut child = tokio::process::Command::new(pilothouse_tests::pilothouse::binary()?)
-        .arg(format!("--kubeconfig={}", cluster().kubeconfig.display()))
-        .arg("maintenance")
-        .args(args)
+    let mut argv = vec![
+        pilothouse_tests::pilothouse::binary()?
+            .to_string_lossy()
+            .into_owned(),
+        format!("--kubeconfig={}", cluster().kubeconfig.display()),
+        "maintenance".to_string(),
+    ];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let mut cmd = if tty {
+        // script -e: its exit code is the command's; -q: no banner.
+        let quoted: Vec<String> = argv
+            .iter()
+            .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+            .collect();
+        let mut c = tokio::process::Command::new("script");
+        c.args(["-qec", &quoted.join(" "), "/dev/null"])
+            .env("TERM", "xterm-256color");
+        c
+    } else {
+        let mut c = tokio::process::Command::new(&argv[0]);
+        c.args(&argv[1..]);
+        c
+    };
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
         .stdout(std::fs::File::create(&out)?)
         .stderr(std::fs::File::create(&err)?)
         .kill_on_drop(true)
@@ -738,6 +768,34 @@ async fn cli_deadlock_exits_non_zero() -> Result<()> {
     s.cleanup(cluster()).await
 }
 
+/// On a terminal `start --wait` draws indicatif's bar (evicted/targeted) instead of plain lines.
+async fn cli_progress_bar_on_a_terminal() -> Result<()> {
+    let s = Shape::new(cluster(), "cli-tty", ShapeOptions::default()).await?;
+    let w2 = s.w(2).to_string();
+    let (code, out, err) = cli_tty(
+        &["start", &w2, "--reason", "tty", "--wait"],
+        Duration::from_secs(120),
+    )
+    .await?;
+    ensure!(code == 0, "exit {code}\nstdout:\n{out:?}\nstderr:\n{err}");
+    ensure!(
+        out.contains("1/1 evicted") && out.contains('\u{1b}'),
+        "no bar drawn with terminal control sequences: {out:?}"
+    );
+    ensure!(
+        !out.lines().any(|l| l.starts_with(&format!("{w2}: "))),
+        "plain progress lines on a terminal: {out:?}"
+    );
+    ensure!(
+        out.contains(&format!("{w2} drained: 1 of 1 targeted pods evicted")),
+        "{out:?}"
+    );
+    let (code, out, err) = cli(&["end", &w2], Duration::from_secs(90)).await?;
+    ensure!(code == 0, "end exit {code}\nstdout:\n{out}\nstderr:\n{err}");
+    Maintenances::new(s.client.clone()).delete(&w2).await?;
+    s.cleanup(cluster()).await
+}
+
 /// Arguments are refused before anything is created.
 async fn cli_refuses_bad_arguments() -> Result<()> {
     let nms = Maintenances::new(cluster().client().await?);
@@ -798,6 +856,10 @@ fn main() {
         trial("cli_start_wait_status_end", cli_start_wait_status_end),
         trial("cli_deadlock_exits_non_zero", cli_deadlock_exits_non_zero),
         trial("cli_refuses_bad_arguments", cli_refuses_bad_arguments),
+        trial(
+            "cli_progress_bar_on_a_terminal",
+            cli_progress_bar_on_a_terminal,
+        ),
     ];
     pilothouse_tests::harness::main_with_setup(
         "maintenance-api",

@@ -600,7 +600,12 @@ struct View {
 impl View {
     fn new(terminal: bool) -> View {
         let bar = terminal.then(|| {
-            let bar = indicatif::ProgressBar::new(0);
+            // On stdout, the stream checked for a terminal (indicatif's default is stderr, where
+            // the blocked-pod lines printed through the bar would vanish if it were redirected).
+            let bar = indicatif::ProgressBar::with_draw_target(
+                Some(0),
+                indicatif::ProgressDrawTarget::stdout(),
+            );
             if let Ok(style) = indicatif::ProgressStyle::with_template(
                 "{prefix} [{bar:30}] {pos}/{len} evicted  {msg}",
             ) {
