@@ -919,3 +919,7 @@ mod tests {
         assert_eq!(created(&p).len(), MAX_MISSING);
     }
 }
+
+#[cfg(test)]
+#[path = "plan_props.rs"]
+mod props;
