@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::StatefulSetStatus;
 use proptest::prelude::{
     Just, ProptestConfig, any, prop, prop_assert, prop_assert_eq, prop_oneof, proptest,
 };
-use proptest::strategy::{Strategy as Gen, Strategy as _};
+use proptest::strategy::Strategy as Gen;
 
 const YEAR_1: i64 = -62_135_596_800;
 const YEAR_9999: i64 = 253_402_207_200;
