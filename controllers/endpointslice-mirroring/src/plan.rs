@@ -647,3 +647,7 @@ mod tests {
         assert_eq!(total, (3, 2));
     }
 }
+
+#[cfg(test)]
+#[path = "plan_props.rs"]
+mod props;

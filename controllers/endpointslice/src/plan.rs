@@ -392,3 +392,7 @@ pub fn finalize(
         delete,
     }
 }
+
+#[cfg(test)]
+#[path = "plan_props.rs"]
+mod props;
