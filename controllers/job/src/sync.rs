@@ -180,6 +180,18 @@ impl Jobs {
             );
             return Ok(Next::Done);
         }
+        // Issue 17: a selector this controller cannot evaluate (one the API server would not
+        // accept; `spec.selector` is immutable) is a Warning naming the field, not a retry loop.
+        let selector = job.spec.as_ref().and_then(|s| s.selector.as_ref());
+        if let Err(e) = shared::selector::matches(selector, None) {
+            self.events.warning(
+                &job_ref(&job),
+                "InvalidSelector",
+                "Sync",
+                format!("spec.selector: {e}"),
+            );
+            return Ok(Next::Done);
+        }
         let mut action = "reconciling";
         let result = self.sync_unfinished(&job, &mut action).await;
         let labels = SyncLabels {

@@ -583,3 +583,52 @@ async fn jr63_releases_what_stopped_matching_and_adopts_matching_orphans() {
     }
     running.stop().await;
 }
+
+/// Issue 17 bad input: a selector the API would not produce gets a Warning naming the field, no
+/// writes and no retries; another Job is synced as usual.
+#[tokio::test(start_paused = true)]
+async fn an_invalid_selector_is_a_warning_naming_the_field() {
+    let kit = Kit::new();
+    let mut bad = job(1, 1);
+    bad.spec.as_mut().unwrap().selector = Some(LabelSelector {
+        match_expressions: Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                key: "job-name".into(),
+                operator: "Within".into(),
+                values: Some(vec!["j".into()]),
+            },
+        ]),
+        ..Default::default()
+    });
+    let mut good = job(1, 1);
+    good.metadata.name = Some("k".into());
+    good.metadata.uid = Some("uid-k".into());
+    let running = start(&kit, vec![bad, good], vec![]);
+    assert!(
+        eventually(Duration::from_secs(1), || events(&kit)
+            .iter()
+            .any(|e| e.starts_with("Warning InvalidSelector: spec.selector:")))
+        .await,
+        "{:?}",
+        events(&kit)
+    );
+    assert!(
+        eventually(Duration::from_secs(1), || pod_creates(&kit) == 1).await,
+        "the other Job is synced: {:?}",
+        writes(&kit)
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let warnings = events(&kit)
+        .iter()
+        .filter(|e| e.contains("InvalidSelector"))
+        .count();
+    assert_eq!(warnings, 1, "not retried: {:?}", events(&kit));
+    assert!(
+        writes(&kit)
+            .iter()
+            .all(|w| !w.contains("jobs/j") && !w.ends_with("pods/j")),
+        "{:?}",
+        writes(&kit)
+    );
+    running.stop().await;
+}
