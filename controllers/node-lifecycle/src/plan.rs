@@ -942,3 +942,7 @@ mod tests {
         assert_eq!(l.next_token_in(t0), Some(Duration::MAX));
     }
 }
+
+#[cfg(test)]
+#[path = "plan_props.rs"]
+mod props;
