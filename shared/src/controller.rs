@@ -128,6 +128,8 @@ pub struct SetupFactory {
     pub metrics: Arc<Metrics>,
     pub identity: String,
     pub gates: FeatureGates,
+    /// `--use-service-account-credentials`: each controller's token, by controller name.
+    pub credentials: std::collections::HashMap<&'static str, Arc<crate::credentials::BearerToken>>,
 }
 
 impl SetupFactory {
@@ -140,6 +142,7 @@ impl SetupFactory {
             f64::from(self.qps),
             self.burst,
         ));
+        let bearer = self.credentials.get(name).cloned();
         let spec = |low_priority: bool| ClientSpec {
             controller: name.to_string(),
             qps: self.qps,
@@ -147,9 +150,20 @@ impl SetupFactory {
             fence: self.fence.clone(),
             bucket: Some(Arc::clone(&bucket)),
             low_priority,
+            bearer: bearer.clone(),
         };
-        let client = client::build(&self.config, spec(false), &self.metrics)?;
-        let events_client = client::build(&self.config, spec(true), &self.metrics)?;
+        // Under its own ServiceAccount a controller sends only that token: none of this
+        // process's credentials (client certificate, token, exec plugin) are kept.
+        let config = match bearer {
+            Some(_) => {
+                let mut c = self.config.clone();
+                c.auth_info = kube::config::AuthInfo::default();
+                c
+            }
+            None => self.config.clone(),
+        };
+        let client = client::build(&config, spec(false), &self.metrics)?;
+        let events_client = client::build(&config, spec(true), &self.metrics)?;
         Ok(Setup {
             name,
             writer: Writer::from_client(client),

@@ -163,6 +163,12 @@ pub struct ManagerOptions {
     #[arg(long, default_value = "kube-system")]
     pub leader_elect_resource_namespace: String,
 
+    /// Each controller talks to the API server as its own ServiceAccount in kube-system
+    /// (upstream's names, e.g. `job-controller`, `node-controller`), with TokenRequest tokens;
+    /// the shared caches and leader election keep this process's identity.
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub use_service_account_credentials: bool,
+
     /// QPS of each controller's own client to the API server.
     #[arg(long, default_value_t = 20.0)]
     pub kube_api_qps: f32,
@@ -668,7 +674,7 @@ mod tests {
                 "10.0.0.0/16",
                 "--kube-api-qps=5",
                 "--allocate-node-cidrs",
-                "--use-service-account-credentials=true",
+                "--enable-garbage-collector=true",
                 "--concurrent-deployment-syncs",
                 "3",
                 "--kubeconfig",
@@ -694,7 +700,7 @@ mod tests {
             [
                 "--cluster-cidr",
                 "--allocate-node-cidrs",
-                "--use-service-account-credentials",
+                "--enable-garbage-collector",
                 "--concurrent-deployment-syncs"
             ]
         );

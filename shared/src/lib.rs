@@ -7,6 +7,7 @@ pub mod client;
 pub mod clock;
 pub mod consistency;
 pub mod controller;
+pub mod credentials;
 pub mod election;
 pub mod events;
 pub mod expectations;

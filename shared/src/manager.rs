@@ -8,6 +8,7 @@
 
 use crate::client::{self, ClientSpec, WriteFence};
 use crate::controller::{Registration, SetupFactory};
+use crate::credentials::{self, ServiceAccountTokens};
 use crate::election::{self, ElectionConfig, Ended, LeaderElector};
 use crate::flags::{self, FlagError, ManagerOptions, SetFlags};
 use crate::health::{self, Health};
@@ -45,6 +46,8 @@ pub enum ManagerError {
         addr: String,
         source: crate::serving::ServingError,
     },
+    #[error("service account credentials: {0}")]
+    Credentials(#[from] crate::credentials::CredentialsError),
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
 }
@@ -142,6 +145,38 @@ pub async fn run(
         None => Arc::new(NoElection),
     };
 
+    // `--use-service-account-credentials`: one token per ServiceAccount (the node-lifecycle and
+    // taint-eviction controllers share upstream's `node-controller`), requested before any
+    // controller is built, so a missing permission stops the start with its name.
+    let mut credentials = std::collections::HashMap::new();
+    if opts.use_service_account_credentials {
+        let tokens = ServiceAccountTokens::new(
+            client::build(
+                &config,
+                ClientSpec::new(
+                    "service-account-credentials",
+                    opts.kube_api_qps,
+                    opts.kube_api_burst,
+                ),
+                &metrics,
+            )?,
+            process_stop.clone(),
+        );
+        let mut by_account = std::collections::HashMap::new();
+        for name in &enabled {
+            let account = credentials::service_account(name).to_string();
+            let token = match by_account.get(&account) {
+                Some(t) => Arc::clone(t),
+                None => {
+                    let t = tokens.acquire(&account).await?;
+                    by_account.insert(account.clone(), Arc::clone(&t));
+                    t
+                }
+            };
+            tracing::info!(controller = name, service_account = %account, "controller uses its service account's credentials");
+            credentials.insert(*name, token);
+        }
+    }
     let factory = SetupFactory {
         config: config.clone(),
         qps: opts.kube_api_qps,
@@ -151,6 +186,7 @@ pub async fn run(
         metrics: Arc::clone(&metrics),
         identity: identity.clone(),
         gates,
+        credentials,
     };
     let mut controllers = Vec::new();
     for reg in catalogue {

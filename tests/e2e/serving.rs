@@ -2,8 +2,11 @@
 //! delegates authentication (TokenReview) and authorization (SubjectAccessReview) to the API
 //! server: anonymous /metrics is refused, an unknown token is 401, a ServiceAccount without
 //! `get` on the non-resource URL `/metrics` is 403 and one with it reads the metrics, which carry
-//! the families kcm dashboards read. /healthz, /readyz and /livez are always allowed. Pilothouse
-//! runs as its ServiceAccount with manifests/rbac.yaml, so the shipped RBAC is what is proven.
+//! the families kcm dashboards read. /healthz, /readyz and /livez are always allowed. With
+//! `--use-service-account-credentials` each controller writes as upstream's ServiceAccount (the
+//! audit log shows a Job's pods, status and events written by `job-controller`), while the
+//! caches and the Lease stay under Pilothouse's own. Pilothouse runs as its ServiceAccount with
+//! manifests/rbac.yaml and rbac-service-account-credentials.yaml: the shipped RBAC is proven.
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -11,8 +14,9 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, PostParams};
 use pilothouse_tests::cluster::ClusterOptions;
 use pilothouse_tests::harness::{cluster, log_dir, trial};
+use pilothouse_tests::jobs::{self, Jobs};
 use pilothouse_tests::pilothouse::https_get;
-use pilothouse_tests::{Pilothouse, audit, unique, wait};
+use pilothouse_tests::{Pilothouse, audit, k8s, unique, wait};
 use serde_json::json;
 use std::time::Duration;
 
@@ -55,16 +59,23 @@ async fn scraper(ns: &str, name: &str, metrics: bool) -> Result<String> {
         .to_string())
 }
 
-async fn secure_port_delegates_to_the_api_server() -> Result<()> {
+const PILOTHOUSE_USER: &str = "system:serviceaccount:kube-system:pilothouse";
+const JOB_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:job-controller";
+
+async fn secure_port_and_controller_identities() -> Result<()> {
     let port = free_port()?;
     let addr = format!("127.0.0.1:{port}");
     let kubeconfig = cluster().pilothouse_service_account_kubeconfig()?;
+    let extra =
+        pilothouse_tests::repo_root().join("manifests/rbac-service-account-credentials.yaml");
+    cluster().kubectl(&["apply", "-f", &extra.to_string_lossy()])?;
     let p = Pilothouse::spawn(
         "serving-secure",
         &kubeconfig,
         &log_dir(),
         &[
             "--controllers=job-controller".to_string(),
+            "--use-service-account-credentials".to_string(),
             "--bind-address=127.0.0.1".to_string(),
             format!("--secure-port={port}"),
         ],
@@ -156,6 +167,60 @@ async fn secure_port_delegates_to_the_api_server() -> Result<()> {
             "no {kind} by Pilothouse's delegated-auth client: {reviews:?}"
         );
     }
+
+    // A Job run by the job-controller's own identity.
+    let client = cluster().client().await?;
+    k8s::wait_service_account(&client, &ns).await?;
+    let j = Jobs::new(client, &ns);
+    j.create(&jobs::job(
+        "identity",
+        json!({"completions": 2, "parallelism": 2}),
+        jobs::template(Some(0), "1s"),
+    )?)
+    .await?;
+    j.wait_finished("identity", Duration::from_secs(120))
+        .await?;
+    j.wait_event("identity", "Completed").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut writes: Vec<(String, String, String)> = Vec::new();
+    for e in audit::read(&cluster().audit_log())? {
+        let Some(o) = e.object_ref.as_ref() else {
+            continue;
+        };
+        if e.stage != "ResponseComplete"
+            || !e.user_agent.ends_with("pilothouse/job-controller")
+            || ["get", "list", "watch"].contains(&e.verb.as_str())
+            || o.namespace != ns
+        {
+            continue;
+        }
+        let what = match o.subresource.as_str() {
+            "" => format!("{} {}", e.verb, o.resource),
+            sub => format!("{} {}/{sub}", e.verb, o.resource),
+        };
+        writes.push((what, e.user.username.clone(), e.user_agent.clone()));
+    }
+    for want in ["create pods", "update jobs/status", "create events"] {
+        ensure!(
+            writes.iter().any(|(w, _, _)| w == want),
+            "no {want:?} by the job controller: {writes:?}"
+        );
+    }
+    let foreign: Vec<_> = writes
+        .iter()
+        .filter(|(_, user, _)| user != JOB_CONTROLLER_USER)
+        .collect();
+    ensure!(
+        foreign.is_empty(),
+        "job-controller writes under another identity: {foreign:?}"
+    );
+    // The caches stay under Pilothouse's own identity.
+    let cache_reader = audit::read(&cluster().audit_log())?.into_iter().any(|e| {
+        e.verb == "watch"
+            && e.user.username == PILOTHOUSE_USER
+            && e.object_ref.as_ref().is_some_and(|o| o.resource == "jobs")
+    });
+    ensure!(cache_reader, "no jobs watch by {PILOTHOUSE_USER}");
     cluster().delete_namespace(&ns).await?;
     Ok(())
 }
@@ -225,8 +290,8 @@ fn main() -> ! {
         None,
         vec![
             trial(
-                "secure_port_delegates_to_the_api_server",
-                secure_port_delegates_to_the_api_server,
+                "secure_port_and_controller_identities",
+                secure_port_and_controller_identities,
             ),
             trial("serving_certificate_files", serving_certificate_files),
         ],

@@ -55,6 +55,8 @@ pub struct ObjectRef {
     pub name: String,
     #[serde(default)]
     pub api_group: String,
+    #[serde(default)]
+    pub subresource: String,
 }
 
 /// Every event in the log (and its one rotated backup), oldest first.
