@@ -374,11 +374,11 @@ async fn m7_idle_touches_nothing() -> Result<()> {
                 "{t}: {c:?}"
             );
         }
-        // kwok writes node status now and then: compare what a maintenance would write.
+        // kube-controller-manager and kwok keep writing the node (status, its own taints):
+        // compare what a maintenance would write (spec.unschedulable, its taint, its annotation).
         let during = s.node(&node).await?;
         ensure!(
-            cordon_state(&during) == cordon_state(&before)
-                && k8s::taints(&during) == k8s::taints(&before),
+            cordon_state(&during) == cordon_state(&before),
             "Idle changed the node: {:?} -> {:?}",
             cordon_state(&before),
             cordon_state(&during)
