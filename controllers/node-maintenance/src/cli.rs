@@ -295,13 +295,25 @@ pub fn blocker_lines(nm: &NodeMaintenance) -> Vec<String> {
         .filter(|t| t.state == TargetState::Blocked)
         .map(|t| {
             let mut line = format!("blocked: {}/{}", t.namespace, t.name);
+            let message = t.message.as_deref().filter(|m| !m.is_empty());
             if let Some(pdb) = &t.pod_disruption_budget {
-                line.push_str(&format!(" by PodDisruptionBudget {pdb}"));
+                // The controller's message usually names the PDB already: then it says it.
+                let by = format!("PodDisruptionBudget {pdb}");
+                match message.and_then(|m| m.strip_prefix("blocked by ")) {
+                    Some(rest) if rest.starts_with(&by) => {
+                        line.push_str(&format!(" by {rest}"));
+                        if let Some(reason) = &t.blocked_reason {
+                            line.push_str(&format!(" [{reason}]"));
+                        }
+                        return line;
+                    }
+                    _ => line.push_str(&format!(" by {by}")),
+                }
             }
             if let Some(reason) = &t.blocked_reason {
                 line.push_str(&format!(" ({reason})"));
             }
-            if let Some(message) = t.message.as_deref().filter(|m| !m.is_empty()) {
+            if let Some(message) = message {
                 line.push_str(&format!(": {message}"));
             }
             line
@@ -1097,12 +1109,20 @@ mod tests {
                 message: None,
                 ..blocked_pod(None, "EvictionDenied")
             },
+            TargetedPod {
+                name: "db-1".into(),
+                message: Some(
+                    "blocked by PodDisruptionBudget db-pdb (needs 1 healthy, has 1)".into(),
+                ),
+                ..blocked_pod(Some("db-pdb"), "PodDisruptionBudgetDeadlock")
+            },
         ];
         assert_eq!(
             blocker_lines(&o),
             vec![
                 "blocked: shop/db-0 by PodDisruptionBudget db-pdb (PodDisruptionBudgetDeadlock): needs 1 healthy, has 1",
                 "blocked: shop/hooked (EvictionDenied)",
+                "blocked: shop/db-1 by PodDisruptionBudget db-pdb (needs 1 healthy, has 1) [PodDisruptionBudgetDeadlock]",
             ]
         );
     }
