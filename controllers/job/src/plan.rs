@@ -417,7 +417,9 @@ pub fn evaluate(obs: &Observed<'_>) -> Evaluation {
                         "Job has exceeded the specified maximal number of failed indexes",
                         now,
                     ));
-                } else if fi.total() > 0 && fi.total() + succeeded_indexes.total() >= completions {
+                } else if fi.total() > 0
+                    && fi.total().saturating_add(succeeded_indexes.total()) >= completions
+                {
                     finished = Some(new_condition(
                         FAILURE_TARGET,
                         "True",
@@ -661,10 +663,7 @@ fn first_pending_indexes(obs: &Observed<'_>, eval: &Evaluation, count: usize) ->
     if let Some(f) = &eval.failed_indexes {
         taken = taken.merge(f);
     }
-    (0..completions)
-        .filter(|ix| !taken.has(*ix))
-        .take(count)
-        .collect()
+    taken.first_missing(completions, count)
 }
 
 /// JR-16: duplicates and out-of-range indexes first (Indexed), then the active pods in

@@ -154,8 +154,8 @@ pub fn match_success_policy(
                 if required.is_empty() {
                     continue;
                 }
-                let contained = required.iter().filter(|i| succeeded.has(*i)).count() as i32;
-                contained == required.total()
+                let contained = required.count_in(succeeded);
+                contained == required.normalized().total()
                     || rule.succeeded_count.is_some_and(|c| contained >= c)
             }
             None => rule.succeeded_count.is_some_and(|c| succeeded.total() >= c),
