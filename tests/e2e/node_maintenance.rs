@@ -579,6 +579,31 @@ async fn m3_escalation_delete() -> Result<()> {
             if c.status == "True" && c.reason.as_deref() == Some("DeletionByNodeMaintenance") => {}
         c => problems.push(format!("DisruptionTarget = {c:?}")),
     }
+    // While the deleted pod terminates (5 s), the drain is past its deadline, escalating.
+    let escalating = nms
+        .wait(
+            &name,
+            "DeadlineExceeded=True/DeletingPastDeadline, or drained",
+            Duration::from_secs(10),
+            |nm| {
+                let c = condition(nm, api::CONDITION_DEADLINE_EXCEEDED)?;
+                let drained =
+                    condition(nm, api::CONDITION_DRAINED).is_some_and(|d| d.status == "True");
+                (c.status == "True" || drained).then(|| c.clone())
+            },
+        )
+        .await?;
+    if !(escalating.status == "True" && escalating.reason == "DeletingPastDeadline") {
+        problems.push(format!(
+            "past the deadline DeadlineExceeded = {escalating:?}"
+        ));
+    }
+    let ev = nms
+        .wait_events(CLUSTER_EVENTS_NS, KIND, &name, "DrainDeadlineExceeded", 1)
+        .await?;
+    if !once(&ev) {
+        problems.push(format!("DrainDeadlineExceeded {:?}", notes(&ev)));
+    }
     let drained = nms
         .wait_condition(&name, api::CONDITION_DRAINED, "True", "DrainComplete", WAIT)
         .await?;
@@ -587,10 +612,6 @@ async fn m3_escalation_delete() -> Result<()> {
             if t.method == Some(api::EvictionMethod::Delete)
                 && t.state == api::TargetState::Gone => {}
         t => problems.push(format!("entry {t:?}")),
-    }
-    match condition(&drained, api::CONDITION_DEADLINE_EXCEEDED) {
-        Some(c) if c.reason == "DeletingPastDeadline" => {}
-        c => problems.push(format!("DeadlineExceeded = {c:?}")),
     }
     for (ns_, kind, obj) in [(CLUSTER_EVENTS_NS, KIND, &name), (ns.as_str(), "Pod", &db)] {
         let ev = nms
