@@ -1374,3 +1374,75 @@ async fn completing_until_the_release_succeeds() {
     let n = kit.api.object::<Node>("", "w1").unwrap();
     assert_eq!(n.spec.unwrap().unschedulable, Some(false));
 }
+
+/// A new leader starts cold: it rebuilds each target's state from `status.targetedPods`, so an
+/// accepted eviction is not sent again and a blocked pod keeps its backoff.
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_resumes_from_the_status() {
+    let kit = kit();
+    let _running = start(&kit);
+    kit.seed([node("w1", Some(true))]);
+    kit.seed([pod("db-0", "w1"), pod("web-1", "w1")]);
+    let mut o = nm("r", "w1", Stage::Drain, DrainSpec::default());
+    o.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    o.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: "w1".into(),
+        uid: "uid-w1".into(),
+        controller: Some(false),
+        block_owner_deletion: Some(false),
+    }]);
+    let t = |secs: i64| {
+        Some(Time(
+            now(&kit)
+                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+                .unwrap(),
+        ))
+    };
+    let entry = |name: &str, state: TargetState, method: Option<EvictionMethod>| TargetedPod {
+        namespace: NS.into(),
+        name: name.into(),
+        uid: Some(format!("uid-{name}")),
+        state,
+        method,
+        blocked_reason: (state == TargetState::Blocked).then(|| "PodDisruptionBudget".into()),
+        pod_disruption_budget: None,
+        message: None,
+        attempts: 3,
+        first_attempt_time: t(-60),
+        last_attempt_time: t(-10),
+        next_attempt_time: (state == TargetState::Blocked).then(|| t(30)).flatten(),
+    };
+    o.status = Some(NodeMaintenanceStatus {
+        stage_statuses: vec![StageStatus {
+            name: Stage::Drain,
+            start_time: t(-60),
+        }],
+        drain: Some(DrainStatus {
+            start_time: t(-60),
+            ..Default::default()
+        }),
+        targeted_pods: vec![
+            entry("db-0", TargetState::Blocked, None),
+            entry(
+                "web-1",
+                TargetState::Terminating,
+                Some(EvictionMethod::Eviction),
+            ),
+        ],
+        ..Default::default()
+    });
+    kit.seed([o]);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(evictions(&kit, "web-1"), 0, "accepted before the restart");
+    assert_eq!(evictions(&kit, "db-0"), 0, "still backing off");
+    assert!(eventually(Duration::from_secs(15), || evictions(&kit, "db-0") == 1).await);
+    assert_eq!(evictions(&kit, "web-1"), 0);
+    settle().await;
+    assert_eq!(
+        count(&kit, "Normal BeginMaintenance"),
+        0,
+        "not a new maintenance"
+    );
+}
