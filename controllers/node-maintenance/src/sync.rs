@@ -1221,6 +1221,12 @@ impl NodeMaintenanceController {
                     generation,
                 );
             }
+            // Drained after the deadline passed: the condition keeps what the drain went
+            // through (True/…PastDeadline), rather than a "WithinDeadline" that reads wrong.
+            Some(d)
+                if drained
+                    && now >= d
+                    && status::is_true(&st.conditions, CONDITION_DEADLINE_EXCEEDED) => {}
             Some(d) => status::set_condition(
                 &mut st.conditions,
                 CONDITION_DEADLINE_EXCEEDED,

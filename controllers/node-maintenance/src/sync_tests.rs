@@ -601,6 +601,12 @@ async fn m3_delete_escalation_past_the_deadline() {
         status(&kit, "m3").targeted_pods[0].method,
         Some(EvictionMethod::Delete)
     );
+    // Drained past its deadline: the condition still says what happened.
+    let (st, reason, _) = condition(&kit, "m3", CONDITION_DEADLINE_EXCEEDED).unwrap();
+    assert_eq!(
+        (st.as_str(), reason.as_str()),
+        ("True", "DeletingPastDeadline")
+    );
 }
 
 /// M4 and B-10: the multiple-PDB failure comes back as a 2xx Status body: Blocked, named.
