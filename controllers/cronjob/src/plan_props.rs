@@ -109,6 +109,7 @@ proptest! {
         now in instant(),
         sds in prop_oneof![Just(None), Just(Some(0i64)), Just(Some(i64::MAX)), (0..=i64::MAX).prop_map(Some)],
         policy_name in prop::sample::select(vec!["Allow", "Forbid", "Replace"]),
+        active in prop::collection::vec(prop_oneof![Just(0i64), Just(i64::MAX), any::<i64>()], 0..3),
     ) {
         let text = tz.map_or(spec.to_string(), |z| format!("CRON_TZ={z} {spec}"));
         let sched = parse(&text, &Zones).expect("an accepted schedule parses");
@@ -130,6 +131,18 @@ proptest! {
             },
             status: Some(CronJobStatus {
                 last_schedule_time: last.map(Time),
+                // Jobs that may no longer exist, with any minute in their names.
+                active: Some(
+                    active
+                        .iter()
+                        .map(|m| ObjectReference {
+                            name: Some(format!("cj-{m}")),
+                            namespace: Some("ns".into()),
+                            uid: Some(format!("gone-{m}")),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
                 ..Default::default()
             }),
         };

@@ -222,22 +222,26 @@ fn job_in() -> impl Strategy<Value = JobIn> {
         )
 }
 
+/// The UID of pod `i`, or of a pod that no longer exists (uncounted pods may refer to them).
+fn uid_or_gone(pods: &[Arc<Pod>], i: usize) -> String {
+    pods.get(i)
+        .map_or_else(|| format!("uid-gone-{i}"), |p| pods::uid(p).to_string())
+}
+
 fn build_job(j: &JobIn, pods: &[Arc<Pod>]) -> Job {
     let uncounted = (!j.uncounted.is_empty()).then(|| UncountedTerminatedPods {
         succeeded: Some(
             j.uncounted
                 .iter()
                 .filter(|i| *i % 2 == 0)
-                .filter_map(|i| pods.get(*i))
-                .map(|p| pods::uid(p).to_string())
+                .map(|i| uid_or_gone(pods, *i))
                 .collect(),
         ),
         failed: Some(
             j.uncounted
                 .iter()
                 .filter(|i| *i % 2 == 1)
-                .filter_map(|i| pods.get(*i))
-                .map(|p| pods::uid(p).to_string())
+                .map(|i| uid_or_gone(pods, *i))
                 .collect(),
         ),
     });

@@ -134,7 +134,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// ST-6..ST-31, ST-40: never panics; M ≥ 1; U ≥ 0; no more creations than missing slots
-    /// planned per sync; no pod deleted twice; status counts between 0 and the pods that exist.
+    /// planned per sync; no pod deleted twice for one reason; status counts between 0 and the pods that exist.
     #[test]
     fn plan_and_status_total_at_extremes(
         set in set_view(),
@@ -153,18 +153,23 @@ proptest! {
         let actions: Vec<&Action> = p.phases.iter().flat_map(|ph| &ph.actions).collect();
         let creates = actions.iter().filter(|a| matches!(a, Action::CreatePod { .. })).count();
         prop_assert!(creates <= MAX_MISSING);
-        let mut deleted: Vec<&str> = actions
+        // A terminal old pod may be deleted twice in one Parallel sync: by ST-19 and again by
+        // ST-28's phase 1, which sees the cached object (not yet terminating), as upstream 1.37
+        // does (deletes tolerate NotFound). Never twice for the same reason.
+        let mut deleted: Vec<(&str, Why)> = actions
             .iter()
             .filter_map(|a| match a {
-                Action::DeletePod { name, .. } => Some(name.as_str()),
+                Action::DeletePod { name, why } => Some((name.as_str(), *why)),
                 _ => None,
             })
             .collect();
-        prop_assert!(deleted.len() <= pods.len());
-        deleted.sort_unstable();
+        deleted.sort_unstable_by_key(|(n, w)| (*n, format!("{w:?}")));
         let n = deleted.len();
         deleted.dedup();
-        prop_assert_eq!(n, deleted.len(), "a pod deleted twice");
+        prop_assert_eq!(n, deleted.len(), "a pod deleted twice for one reason");
+        let mut names: Vec<&str> = deleted.iter().map(|(n, _)| *n).collect();
+        names.dedup();
+        prop_assert!(names.len() <= pods.len());
         let s = compute(
             &Inputs {
                 set: &set,
