@@ -817,6 +817,14 @@ impl NodeMaintenanceController {
         )
         .await;
         let outcome = evict::classify_response(&response);
+        if let Outcome::MultipleBudgets { .. } = &outcome {
+            // Spec §8 item 2: which wire form the API server used (the source says a 201).
+            let wire = match &response {
+                Ok(_) => "2xx with a Failure Status body".to_string(),
+                Err(e) => format!("error {}", shared::apierr::error_reason(e)),
+            };
+            tracing::info!(pod = %pod.key(), %wire, "eviction refused: the pod has more than one PodDisruptionBudget");
+        }
         let now = self.clock.now();
         let obj_ref = shared::refs::object_reference(nm);
         let key = pod.key().into_owned();
