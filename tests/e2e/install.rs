@@ -19,7 +19,7 @@ use kube::api::{Api, ListParams};
 use pilothouse_tests::cluster::ClusterOptions;
 use pilothouse_tests::harness::{cluster, log_dir, trial};
 use pilothouse_tests::jobs::{self, Jobs};
-use pilothouse_tests::pilothouse::http_get;
+use pilothouse_tests::pilothouse::https_get;
 use pilothouse_tests::webhook::{Match, Webhook};
 use pilothouse_tests::{audit, repo_root, unique, wait};
 use serde_json::{Value, json};
@@ -653,7 +653,13 @@ async fn installed_image_leads_and_completes_a_job() -> Result<()> {
         ]})
         .to_string(),
     )?;
-    let rendered = template(&["--values", &values.display().to_string()])?;
+    ensure_monitoring_crds()?;
+    let rendered = template(&[
+        "--values",
+        &values.display().to_string(),
+        "--set",
+        MONITORING,
+    ])?;
     kubectl(&["apply", "-f", "-"], Some(&rendered))?;
     let deploy = objects(&rendered)?
         .remove("Deployment/kube-system/pilothouse")
@@ -730,13 +736,21 @@ async fn installed_image_leads_and_completes_a_job() -> Result<()> {
         .context("no args")?
     {
         let a = a.as_str().context("arg not a string")?;
-        args.push(if a.starts_with("--metrics-bind-address=") {
-            format!("--metrics-bind-address={metrics}")
+        // The pod's HTTPS port, moved to a free loopback port (the host's network is shared).
+        args.push(if a.starts_with("--bind-address=") {
+            "--bind-address=127.0.0.1".to_string()
+        } else if a.starts_with("--secure-port=") {
+            format!("--secure-port={port}")
         } else {
             a.to_string()
         });
     }
-    ensure!(args.contains(&format!("--metrics-bind-address={metrics}")));
+    ensure!(
+        args.contains(&format!("--secure-port={port}"))
+            && args.contains(&"--bind-address=127.0.0.1".to_string())
+            && !args.iter().any(|a| a.starts_with("--metrics-bind-address")),
+        "the Deployment serves HTTPS only: {args:?}"
+    );
     let log = log_dir().join("image-pilothouse.log");
     let file = std::fs::File::create(&log)?;
     let root = log_dir().join("image-root");
@@ -795,9 +809,14 @@ async fn installed_image_leads_and_completes_a_job() -> Result<()> {
             "lease kube-system/pilothouse is held by {holder:?}, not the image's process"
         );
         for path in ["/healthz", "/readyz"] {
-            let (code, body) = http_get(&metrics, path).await?;
-            ensure!(code == 200, "{path}: {code} {body}");
+            let (code, body) = https_get(&metrics, path, None, None).await?;
+            ensure!(code == 200, "{path} without a token: {code} {body}");
         }
+        let (code, _) = https_get(&metrics, "/metrics", None, None).await?;
+        ensure!(
+            code == 401 || code == 403,
+            "/metrics without a token: {code}"
+        );
 
         // 5. Its controllers work: a Job's pods are created, counted and released.
         let ns = c.namespace("install").await?;
@@ -863,8 +882,35 @@ async fn installed_image_leads_and_completes_a_job() -> Result<()> {
         );
 
         // 7. Every metric the alerts and the dashboard read is in this real scrape.
-        let (code, scrape) = http_get(&metrics, "/metrics").await?;
-        ensure!(code == 200, "/metrics: {code}");
+        //    Scraped as the PodMonitor scrapes: with the metrics reader's token.
+        let reader = wait::until(
+            "the metrics reader's token Secret to be filled",
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            || async {
+                let t = kubectl(
+                    &[
+                        "-n",
+                        "kube-system",
+                        "get",
+                        "secret",
+                        "pilothouse-metrics-reader-token",
+                        "-o",
+                        "jsonpath={.data.token}",
+                    ],
+                    None,
+                )?;
+                Ok((!t.trim().is_empty()).then(|| t.trim().to_string()))
+            },
+        )
+        .await?;
+        use base64::Engine;
+        let reader = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(reader)?)?;
+        let (code, scrape) = https_get(&metrics, "/metrics", Some(&reader), None).await?;
+        ensure!(
+            code == 200,
+            "/metrics with the metrics reader's token: {code} {scrape}"
+        );
         std::fs::write(log_dir().join("image-metrics.txt"), &scrape)?;
         ensure!(
             scrape
@@ -900,7 +946,10 @@ async fn installed_image_leads_and_completes_a_job() -> Result<()> {
     .await;
     let _ = child.start_kill();
     let _ = child.wait().await;
-    kubectl(&["delete", "-f", "-", "--wait=false"], Some(&rendered))?;
+    kubectl(
+        &["delete", "-f", "-", "--wait=false", "--ignore-not-found"],
+        Some(&rendered),
+    )?;
     result.map_err(|e| {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let tail: Vec<&str> = text.lines().rev().take(30).collect();

@@ -130,12 +130,19 @@ def blob(out, data, media_type):
     return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
 
-def version_of(binary):
-    try:
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"  # a foreign-architecture binary cannot run here
+def version_of_workspace():
+    """The workspace's version (Cargo.toml [workspace.package]): the binary is never run here, so
+    a foreign-architecture binary builds too and nothing can reach a cluster."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    section = None
+    with open(os.path.join(root, "Cargo.toml")) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("["):
+                section = line
+            elif section == "[workspace.package]" and line.startswith("version"):
+                return line.split("=", 1)[1].strip().strip('"')
+    return "unknown"
 
 
 def build(args):
@@ -165,7 +172,7 @@ def build(args):
                 "ExposedPorts": {"10267/tcp": {}},
                 "Labels": {
                     "org.opencontainers.image.title": "pilothouse",
-                    "org.opencontainers.image.version": version_of(binary),
+                    "org.opencontainers.image.version": version_of_workspace(),
                     "org.opencontainers.image.licenses": "Apache-2.0",
                 },
             },
