@@ -150,19 +150,26 @@ impl ServiceAccountTokens {
                 name: name.into(),
                 source,
             })?;
-        let token = answer
+        let status = answer
             .status
-            .and_then(|s| s.token)
+            .ok_or_else(|| CredentialsError::Empty { name: name.into() })?;
+        let token = status
+            .token
             .filter(|t| !t.is_empty())
             .ok_or_else(|| CredentialsError::Empty { name: name.into() })?;
-        let granted = answer
-            .spec
-            .and_then(|s| s.expiration_seconds)
-            .unwrap_or(EXPIRATION_SECONDS);
-        Ok((
-            token,
-            Duration::from_secs(u64::try_from(granted).unwrap_or(0)),
-        ))
+        // The lifetime granted is the status's expiry (kcm renews from it); the API server may
+        // cap the one asked for.
+        let lifetime = match status.expiration_timestamp {
+            Some(t) => {
+                let left = t.0.as_second().saturating_sub(crate::conflicts::unix_now());
+                Duration::from_secs(u64::try_from(left).unwrap_or(0))
+            }
+            None => {
+                let asked = answer.spec.and_then(|s| s.expiration_seconds);
+                Duration::from_secs(u64::try_from(asked.unwrap_or(EXPIRATION_SECONDS)).unwrap_or(0))
+            }
+        };
+        Ok((token, lifetime))
     }
 }
 
@@ -179,14 +186,26 @@ mod tests {
     fn upstream_service_account_names() {
         assert_eq!(service_account("job-controller"), "job-controller");
         assert_eq!(service_account("cronjob-controller"), "cronjob-controller");
-        assert_eq!(service_account("statefulset-controller"), "statefulset-controller");
-        assert_eq!(service_account("endpointslice-controller"), "endpointslice-controller");
+        assert_eq!(
+            service_account("statefulset-controller"),
+            "statefulset-controller"
+        );
+        assert_eq!(
+            service_account("endpointslice-controller"),
+            "endpointslice-controller"
+        );
         assert_eq!(
             service_account("endpointslice-mirroring-controller"),
             "endpointslicemirroring-controller"
         );
-        assert_eq!(service_account("node-lifecycle-controller"), "node-controller");
-        assert_eq!(service_account("taint-eviction-controller"), "node-controller");
+        assert_eq!(
+            service_account("node-lifecycle-controller"),
+            "node-controller"
+        );
+        assert_eq!(
+            service_account("taint-eviction-controller"),
+            "node-controller"
+        );
         assert_eq!(
             service_account("node-maintenance-controller"),
             "node-maintenance-controller"
@@ -195,7 +214,10 @@ mod tests {
 
     #[test]
     fn renewal_at_four_fifths() {
-        assert_eq!(renew_after(Duration::from_secs(3600)), Duration::from_secs(2880));
+        assert_eq!(
+            renew_after(Duration::from_secs(3600)),
+            Duration::from_secs(2880)
+        );
         assert_eq!(renew_after(Duration::ZERO), Duration::from_secs(1));
     }
 }

@@ -380,20 +380,16 @@ mod kcm {
 
 /// Accepts a command line copied from kube-controller-manager: drops each of kcm's flags that
 /// Pilothouse does not have (with its value), returning the remaining arguments and the dropped
-/// flags' names for one warning. Flags neither has are left for the parser to refuse. A command
-/// line with a subcommand (`pilothouse schedule ...`) is not an operator's kcm line: unchanged.
+/// flags' names for one warning. Flags neither has are left for the parser to refuse. Nothing
+/// from a subcommand's name on is touched (`pilothouse schedule ...` is not a kcm line).
 pub fn drop_foreign_kcm_flags(
     args: Vec<std::ffi::OsString>,
     command: &clap::Command,
 ) -> (Vec<std::ffi::OsString>, Vec<String>) {
-    let has_subcommand = args
-        .get(1)
-        .and_then(|a| a.to_str())
-        .is_some_and(|a| command.find_subcommand(a).is_some());
-    if has_subcommand {
-        return (args, Vec::new());
-    }
-    let ours = |name: &str| command.get_arguments().any(|a| a.get_long() == Some(name));
+    // clap adds --help and --version when the command is built: ask a built copy.
+    let mut built = command.clone();
+    built.build();
+    let ours = |name: &str| built.get_arguments().any(|a| a.get_long() == Some(name));
     let mut kept = Vec::with_capacity(args.len());
     let mut dropped = Vec::new();
     let mut iter = args.into_iter();
@@ -403,7 +399,8 @@ pub fn drop_foreign_kcm_flags(
             kept.push(arg);
             continue;
         };
-        if text == "--" {
+        // A subcommand's arguments are its own (`pilothouse maintenance start --help`).
+        if text == "--" || built.find_subcommand(text).is_some() {
             kept.push(arg);
             kept.extend(iter);
             break;
@@ -666,7 +663,9 @@ mod tests {
 
     #[test]
     fn kcm_flags_we_do_not_have_are_dropped_with_their_values() {
-        let command = Cli::command().subcommand(clap::Command::new("schedule"));
+        let command = Cli::command()
+            .version("1.0")
+            .subcommand(clap::Command::new("schedule"));
         let (kept, dropped) = drop_foreign_kcm_flags(
             os(&[
                 "pilothouse",
@@ -706,6 +705,18 @@ mod tests {
         );
         // Unknown to both: the parser refuses it.
         assert!(command.clone().try_get_matches_from(&kept).is_err());
+        // kcm has --help and --version too: they are clap's here, never dropped; nothing from a
+        // subcommand's name on is touched.
+        for line in [
+            os(&["pilothouse", "--help"]),
+            os(&["pilothouse", "--version"]),
+            os(&["pilothouse", "--kubeconfig=/k", "schedule", "--help"]),
+        ] {
+            assert_eq!(
+                drop_foreign_kcm_flags(line.clone(), &command),
+                (line, vec![])
+            );
+        }
         // After `--`, and with a subcommand, nothing is touched.
         let line = os(&["pilothouse", "schedule", "--cluster-cidr", "x"]);
         assert_eq!(

@@ -29,9 +29,20 @@ async fn healthz(State(h): State<Health>) -> impl IntoResponse {
     }
 }
 
-/// Ready once every shared cache has listed, leader or not, so standbys stay Ready.
+/// Ready once every shared cache has listed, leader or not, so standbys stay Ready; not ready
+/// while kube-controller-manager is seen running one of our controllers (10 minutes after its
+/// last such write), so the conflict shows wherever readiness is watched.
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     let unsynced = h.informers.unsynced();
+    if let Some(c) = h.informers.conflicts().recent(crate::conflicts::unix_now()) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "conflicting controller manager: {} wrote {} {} at {} (Unix seconds) while {} runs here; turn it off in kube-controller-manager\n",
+                c.manager, c.resource, c.key, c.at, c.controller
+            ),
+        );
+    }
     if unsynced.is_empty() {
         (StatusCode::OK, "ok\n".to_string())
     } else {

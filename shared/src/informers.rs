@@ -115,16 +115,19 @@ pub struct Informer<K> {
     synced_tx: tokio_watch::Sender<bool>,
     /// The pod fields the enabled controllers declared (used only by the pod informer).
     pod_fields: Arc<AtomicU32>,
+    /// Sees managedFields before they are dropped (kcm still writing what we own).
+    conflicts: Arc<crate::conflicts::Conflicts>,
     /// The highest resourceVersion the watch has delivered (read-your-writes: a write returning
     /// a lower or equal one is in the cache).
     newest: AtomicU64,
 }
 
 impl<K: Watched> Informer<K> {
-    fn new(pod_fields: Arc<AtomicU32>) -> Self {
+    fn new(pod_fields: Arc<AtomicU32>, conflicts: Arc<crate::conflicts::Conflicts>) -> Self {
         let (synced_tx, _) = tokio_watch::channel(false);
         Informer {
             pod_fields,
+            conflicts,
             resource: K::plural(&()).into_owned(),
             state: RwLock::new(StoreState {
                 objects: HashMap::new(),
@@ -425,6 +428,7 @@ impl<K: Watched> Informer<K> {
     /// What the cache keeps of an object: no managedFields, and of a pod only what the enabled
     /// controllers declared ([`crate::projection`]).
     fn strip(&self, obj: K) -> K {
+        self.conflicts.observe(&self.resource, obj.meta());
         strip(
             obj,
             PodFields::from_bits(self.pod_fields.load(Ordering::Acquire)),
@@ -538,6 +542,7 @@ impl<K: Watched> AnyInformer for Entry<K> {
 pub struct Informers {
     client: Client,
     pod_fields: Arc<AtomicU32>,
+    conflicts: Arc<crate::conflicts::Conflicts>,
     stop: CancellationToken,
     entries: Mutex<Vec<(TypeId, Box<dyn AnyInformer>)>>,
     started: AtomicBool,
@@ -548,6 +553,7 @@ impl Informers {
         Arc::new(Informers {
             client,
             pod_fields: Arc::default(),
+            conflicts: Arc::default(),
             stop,
             entries: Mutex::new(Vec::new()),
             started: AtomicBool::new(false),
@@ -608,7 +614,10 @@ impl Informers {
                 .expect("type id matches");
         }
         let entry = Entry {
-            informer: Arc::new(Informer::<K>::new(Arc::clone(&self.pod_fields))),
+            informer: Arc::new(Informer::<K>::new(
+                Arc::clone(&self.pod_fields),
+                Arc::clone(&self.conflicts),
+            )),
             started: AtomicBool::new(false),
             namespace,
             api,
@@ -619,6 +628,11 @@ impl Informers {
         }
         entries.push((id, Box::new(entry)));
         informer
+    }
+
+    /// The guard against kube-controller-manager still running one of our controllers.
+    pub fn conflicts(&self) -> Arc<crate::conflicts::Conflicts> {
+        Arc::clone(&self.conflicts)
     }
 
     /// A controller declares the pod fields it reads (before the caches start); the pod cache
@@ -763,7 +777,7 @@ mod tests {
 
     #[test]
     fn events_indexes_and_stripping() {
-        let inf = Informer::<Pod>::new(Arc::default());
+        let inf = Informer::<Pod>::new(Arc::default(), Arc::default());
         inf.add_index(INDEX_POD_NODE, pod_by_node);
         inf.add_index(INDEX_CONTROLLER_UID, by_controller_uid);
         let log = recorded(&inf);
@@ -792,7 +806,7 @@ mod tests {
 
     #[test]
     fn relist_emits_only_differences_and_marks_synced() {
-        let inf = Informer::<Pod>::new(Arc::default());
+        let inf = Informer::<Pod>::new(Arc::default(), Arc::default());
         inf.add_index(INDEX_NAMESPACE, by_namespace);
         let log = recorded(&inf);
         assert!(!inf.has_synced());

@@ -5,6 +5,7 @@ pub mod apierr;
 pub mod claim;
 pub mod client;
 pub mod clock;
+pub mod conflicts;
 pub mod consistency;
 pub mod controller;
 pub mod credentials;

@@ -203,6 +203,15 @@ pub async fn run(
             init(setup).map_err(|source| ManagerError::Init { name, source })?,
         ));
     }
+    let conflicts = informers.conflicts();
+    for name in &enabled {
+        conflicts.guard(name);
+    }
+    metrics.register(
+        "pilothouse_conflicting_writes",
+        "Writes by kube-controller-manager to objects a running Pilothouse controller owns (it still runs that controller)",
+        conflicts.counter.clone(),
+    );
     informers.start();
     tracing::info!(resources = ?informers.resources(), "shared caches started");
 
@@ -266,6 +275,7 @@ pub async fn run(
             _ = shutdown.cancelled() => {}
             _ = wait_synced(&informers) => {}
         }
+        conflicts.arm(Some(crate::conflicts::unix_now()));
         let handles: Vec<_> = controllers
             .into_iter()
             .map(|(name, c)| {
@@ -296,6 +306,7 @@ pub async fn run(
         }
         election_stop.cancel();
         controllers_stop.cancel();
+        conflicts.arm(None);
         let drained = tokio::time::timeout(opts.shutdown_drain_timeout, join_all(handles)).await;
         if drained.is_err() {
             tracing::warn!(timeout = ?opts.shutdown_drain_timeout, "controllers did not drain in time; stopping anyway");

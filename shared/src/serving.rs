@@ -23,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 /// kcm's delegated authentication and authorization cache lifetimes (10 s each).
 const CACHE_TTL: Duration = Duration::from_secs(10);
+/// How long a TLS handshake may take: a stalled client must not hold a task forever.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on each cache; when full it is cleared (tokens are few in practice: scrapers).
 const CACHE_MAX: usize = 1024;
 
@@ -71,8 +73,9 @@ pub struct Delegated {
     client: kube::Client,
     /// Bearer token -> user (`None`: not authenticated).
     tokens: Answers<String, Option<UserInfo>>,
-    /// (user, verb, path) -> allowed.
-    decisions: Answers<(String, String, String), bool>,
+    /// The whole review (user, uid, groups, extra, verb, path) -> allowed, as upstream's
+    /// webhook authorizer keys its cache: two credentials of one name with other groups differ.
+    decisions: Answers<String, bool>,
 }
 
 fn cached<K: std::hash::Hash + Eq, V: Clone>(cache: &Answers<K, V>, key: &K) -> Option<V> {
@@ -135,10 +138,6 @@ impl Delegated {
         verb: &str,
         path: &str,
     ) -> Result<bool, kube::Error> {
-        let key = (user.username.clone(), verb.to_string(), path.to_string());
-        if let Some(hit) = cached(&self.decisions, &key) {
-            return Ok(hit);
-        }
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.username.clone()),
@@ -153,6 +152,10 @@ impl Delegated {
             },
             ..Default::default()
         };
+        let key = serde_json::to_string(&review.spec).unwrap_or_default();
+        if let Some(hit) = cached(&self.decisions, &key) {
+            return Ok(hit);
+        }
         let answer = Api::<SubjectAccessReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await?;
@@ -310,10 +313,20 @@ pub async fn serve(
                 _ = stop.cancelled() => return,
                 a = listener.accept() => a,
             };
-            let Ok((tcp, _)) = accepted else { continue };
+            let tcp = match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors and the like: do not spin.
+                    tracing::warn!(error = %e, "secure port: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
             let (acceptor, app) = (acceptor.clone(), app.clone());
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
+                // A client that never finishes its handshake holds nothing for long.
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+                let Ok(Ok(tls)) = handshake.await else {
                     return;
                 };
                 let service = hyper::service::service_fn(

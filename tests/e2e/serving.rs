@@ -20,13 +20,6 @@ use pilothouse_tests::{Pilothouse, audit, k8s, unique, wait};
 use serde_json::json;
 use std::time::Duration;
 
-/// A loopback port nobody listens on now (the secure port takes no `:0`: kcm's 0 disables it).
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// A ServiceAccount in `ns` and a token for it; with `metrics`, bound to a ClusterRole that may
 /// `get` the non-resource URL /metrics (what a Prometheus scraper is given).
 async fn scraper(ns: &str, name: &str, metrics: bool) -> Result<String> {
@@ -63,12 +56,13 @@ const PILOTHOUSE_USER: &str = "system:serviceaccount:kube-system:pilothouse";
 const JOB_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:job-controller";
 
 async fn secure_port_and_controller_identities() -> Result<()> {
-    let port = free_port()?;
+    let port = cluster().reserve_port()?;
     let addr = format!("127.0.0.1:{port}");
     let kubeconfig = cluster().pilothouse_service_account_kubeconfig()?;
     let extra =
         pilothouse_tests::repo_root().join("manifests/rbac-service-account-credentials.yaml");
     cluster().kubectl(&["apply", "-f", &extra.to_string_lossy()])?;
+    let started = k8s_openapi::jiff::Timestamp::now();
     let p = Pilothouse::spawn(
         "serving-secure",
         &kubeconfig,
@@ -117,7 +111,8 @@ async fn secure_port_and_controller_identities() -> Result<()> {
     // A binding reaches the API server's authorizer through its informer: allow a moment.
     let body = wait::until(
         "the metrics reader allowed",
-        Duration::from_secs(15),
+        // A 403 is cached 10 s (as kcm's): a binding seen late costs up to that.
+        Duration::from_secs(25),
         Duration::from_millis(500),
         || async {
             let (code, body) = https_get(&addr, "/metrics", Some(&reader), None).await?;
@@ -217,6 +212,7 @@ async fn secure_port_and_controller_identities() -> Result<()> {
     // The caches stay under Pilothouse's own identity.
     let cache_reader = audit::read(&cluster().audit_log())?.into_iter().any(|e| {
         e.verb == "watch"
+            && e.received().is_some_and(|t| t >= started)
             && e.user.username == PILOTHOUSE_USER
             && e.object_ref.as_ref().is_some_and(|o| o.resource == "jobs")
     });
@@ -234,7 +230,7 @@ async fn serving_certificate_files() -> Result<()> {
     let (crt, key) = (dir.join("tls.crt"), dir.join("tls.key"));
     std::fs::write(&crt, cert.cert.pem())?;
     std::fs::write(&key, cert.signing_key.serialize_pem())?;
-    let port = free_port()?;
+    let port = cluster().reserve_port()?;
     let addr = format!("127.0.0.1:{port}");
     let lease = unique("serving-files");
     let p = Pilothouse::spawn(
@@ -265,7 +261,7 @@ async fn serving_certificate_files() -> Result<()> {
             "--controllers=job-controller".to_string(),
             format!("--leader-elect-resource-name={}", unique("serving-bad")),
             "--bind-address=127.0.0.1".to_string(),
-            format!("--secure-port={}", free_port()?),
+            format!("--secure-port={}", cluster().reserve_port()?),
             "--tls-cert-file=/nonexistent/tls.crt".to_string(),
             format!("--tls-private-key-file={}", key.display()),
         ],

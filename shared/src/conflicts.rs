@@ -1,0 +1,388 @@
+//! A guard against running a controller twice: while this replica leads, a write by
+//! kube-controller-manager to what one of our running controllers owns (seen in the objects'
+//! `managedFields`, before the caches drop them) means kcm still runs that controller. It is said
+//! loudly instead of fought silently: an error log, `pilothouse_conflicting_writes_total`, and
+//! `/readyz` failing with the controller, object and time for 10 minutes after the last one.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// kube-controller-manager's field manager (client-go names it after the binary).
+pub const KCM_MANAGER: &str = "kube-controller-manager";
+/// How long `/readyz` reports a conflict after the last write seen.
+pub const REPORT_SECONDS: i64 = 600;
+/// managedFields times have one-second resolution: a kcm write in the second we took over is
+/// kcm finishing, not kcm running.
+const GRACE_SECONDS: i64 = 2;
+
+/// Now, in Unix seconds (the resolution of managedFields times).
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// What one of our controllers owns, as kcm's counterpart writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owned {
+    pub controller: &'static str,
+    pub resource: &'static str,
+    /// `""` for the object itself.
+    pub subresource: &'static str,
+    /// A field the entry must own (its `fieldsV1` mentions it): tells kcm's controllers apart
+    /// when several write the same subresource.
+    pub field: Option<&'static str>,
+    /// A label the object must carry (`managed-by` on EndpointSlices).
+    pub label: Option<(&'static str, &'static str)>,
+}
+
+/// What kcm's counterpart of `controller` writes and no other kcm controller does. The
+/// taint-eviction controller has no such mark (kcm's pod GC and node lifecycle write the same pod
+/// conditions), so it is not guarded.
+pub fn owned_by(controller: &'static str) -> Vec<Owned> {
+    let own = |resource, subresource, field, label| Owned {
+        controller,
+        resource,
+        subresource,
+        field,
+        label,
+    };
+    match controller {
+        "job-controller" => vec![own("jobs", "status", None, None)],
+        "cronjob-controller" => vec![own("cronjobs", "status", None, None)],
+        "statefulset-controller" => vec![own("statefulsets", "status", None, None)],
+        "endpointslice-controller" => vec![own(
+            "endpointslices",
+            "",
+            None,
+            Some((
+                "endpointslice.kubernetes.io/managed-by",
+                "endpointslice-controller.k8s.io",
+            )),
+        )],
+        "endpointslice-mirroring-controller" => vec![own(
+            "endpointslices",
+            "",
+            None,
+            Some((
+                "endpointslice.kubernetes.io/managed-by",
+                "endpointslicemirroring-controller.k8s.io",
+            )),
+        )],
+        // The node conditions it sets to Unknown (attach-detach writes other status fields).
+        "node-lifecycle-controller" => {
+            vec![own("nodes", "status", Some("f:conditions"), None)]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// One conflicting write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub controller: &'static str,
+    pub resource: String,
+    pub key: String,
+    pub manager: String,
+    /// The write's time (Unix seconds, from managedFields).
+    pub at: i64,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConflictLabels {
+    pub controller: String,
+    pub manager: String,
+    pub resource: String,
+}
+
+#[derive(Default)]
+pub struct Conflicts {
+    owned: Mutex<Vec<Owned>>,
+    /// Unix seconds since which our controllers run (0: not leading, nothing is a conflict).
+    armed_since: AtomicI64,
+    /// The newest conflicting write counted per (controller, object), so each is counted once.
+    counted: Mutex<HashMap<(&'static str, String), i64>>,
+    latest: Mutex<Option<Conflict>>,
+    pub counter: Family<ConflictLabels, Counter>,
+}
+
+impl Conflicts {
+    /// Guards what `controller` owns (when it is enabled).
+    pub fn guard(&self, controller: &'static str) {
+        crate::lock(&self.owned).extend(owned_by(controller));
+    }
+
+    /// Our controllers run from `now` (Unix seconds) on; `None` when they stop.
+    pub fn arm(&self, now: Option<i64>) {
+        self.armed_since.store(now.unwrap_or(0), Ordering::Release);
+    }
+
+    /// Looks at an object of `resource` as the watch delivered it, managedFields included.
+    pub fn observe(&self, resource: &str, meta: &ObjectMeta) {
+        let armed = self.armed_since.load(Ordering::Acquire);
+        let Some(entries) = meta.managed_fields.as_ref().filter(|_| armed > 0) else {
+            return;
+        };
+        let owned: Vec<Owned> = crate::lock(&self.owned)
+            .iter()
+            .filter(|o| o.resource == resource)
+            .copied()
+            .collect();
+        for o in owned {
+            if let Some((k, v)) = o.label {
+                let labels = meta.labels.as_ref();
+                if labels.and_then(|l| l.get(k)).map(String::as_str) != Some(v) {
+                    continue;
+                }
+            }
+            for e in entries {
+                let Some(at) = e.time.as_ref().map(|t| t.0.as_second()) else {
+                    continue;
+                };
+                if e.manager.as_deref() != Some(KCM_MANAGER)
+                    || e.subresource.as_deref().unwrap_or("") != o.subresource
+                    || at < armed.saturating_add(GRACE_SECONDS)
+                {
+                    continue;
+                }
+                if let Some(field) = o.field {
+                    let mentions = e
+                        .fields_v1
+                        .as_ref()
+                        .is_some_and(|f| f.0.to_string().contains(field));
+                    if !mentions {
+                        continue;
+                    }
+                }
+                self.record(o, meta, at);
+            }
+        }
+    }
+
+    fn record(&self, o: Owned, meta: &ObjectMeta, at: i64) {
+        let key = match (&meta.namespace, &meta.name) {
+            (Some(ns), Some(n)) => format!("{ns}/{n}"),
+            (None, Some(n)) => n.clone(),
+            _ => return,
+        };
+        {
+            let mut counted = crate::lock(&self.counted);
+            let last = counted.entry((o.controller, key.clone())).or_insert(0);
+            if *last >= at {
+                return;
+            }
+            *last = at;
+        }
+        let subject = if o.subresource.is_empty() {
+            o.resource.to_string()
+        } else {
+            format!("{}/{}", o.resource, o.subresource)
+        };
+        tracing::error!(
+            controller = o.controller,
+            object = %key,
+            resource = %subject,
+            manager = KCM_MANAGER,
+            written_at = at,
+            "kube-controller-manager is still running this controller: it wrote an object this replica's controller owns; turn it off in kube-controller-manager (--controllers=...,-{})",
+            o.controller
+        );
+        self.counter
+            .get_or_create(&ConflictLabels {
+                controller: o.controller.to_string(),
+                manager: KCM_MANAGER.to_string(),
+                resource: subject.clone(),
+            })
+            .inc();
+        *crate::lock(&self.latest) = Some(Conflict {
+            controller: o.controller,
+            resource: subject,
+            key,
+            manager: KCM_MANAGER.to_string(),
+            at,
+        });
+    }
+
+    /// The last conflict, if it is at most [`REPORT_SECONDS`] old at `now` (Unix seconds).
+    pub fn recent(&self, now: i64) -> Option<Conflict> {
+        crate::lock(&self.latest)
+            .clone()
+            .filter(|c| now.saturating_sub(c.at) <= REPORT_SECONDS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn entry(manager: &str, sub: &str, at: i64, fields: serde_json::Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            subresource: (!sub.is_empty()).then(|| sub.to_string()),
+            time: Some(Time(Timestamp::from_second(at).unwrap())),
+            fields_v1: Some(FieldsV1(fields)),
+            ..Default::default()
+        }
+    }
+
+    fn meta(entries: Vec<ManagedFieldsEntry>, labels: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some("ns".into()),
+            name: Some("x".into()),
+            managed_fields: Some(entries),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_kcm_writes_after_taking_over_count() {
+        let c = Conflicts::default();
+        c.guard("job-controller");
+        let status = serde_json::json!({"f:status": {"f:active": {}}});
+        // Not leading: nothing counts.
+        c.observe(
+            "jobs",
+            &meta(
+                vec![entry(KCM_MANAGER, "status", 2_000, status.clone())],
+                &[],
+            ),
+        );
+        assert_eq!(c.recent(2_000), None);
+        c.arm(Some(1_000));
+        // Before the take-over (plus the grace), another manager, another subresource: no.
+        c.observe(
+            "jobs",
+            &meta(
+                vec![entry(KCM_MANAGER, "status", 1_001, status.clone())],
+                &[],
+            ),
+        );
+        c.observe(
+            "jobs",
+            &meta(
+                vec![entry("pilothouse", "status", 2_000, status.clone())],
+                &[],
+            ),
+        );
+        c.observe(
+            "jobs",
+            &meta(vec![entry(KCM_MANAGER, "", 2_000, status.clone())], &[]),
+        );
+        c.observe(
+            "pods",
+            &meta(
+                vec![entry(KCM_MANAGER, "status", 2_000, status.clone())],
+                &[],
+            ),
+        );
+        assert_eq!(c.recent(2_000), None);
+        // kcm's job controller writing a Job's status while we run it: counted once.
+        let m = meta(vec![entry(KCM_MANAGER, "status", 1_500, status)], &[]);
+        c.observe("jobs", &m);
+        c.observe("jobs", &m);
+        let got = c.recent(1_600).expect("conflict");
+        assert_eq!(
+            (got.controller, got.key.as_str(), got.resource.as_str()),
+            ("job-controller", "ns/x", "jobs/status")
+        );
+        let labels = ConflictLabels {
+            controller: "job-controller".into(),
+            manager: KCM_MANAGER.into(),
+            resource: "jobs/status".into(),
+        };
+        assert_eq!(c.counter.get_or_create(&labels).get(), 1);
+        // Reported for ten minutes after the write.
+        assert!(c.recent(1_500 + REPORT_SECONDS).is_some());
+        assert!(c.recent(1_501 + REPORT_SECONDS).is_none());
+        // Disarmed: nothing more.
+        c.arm(None);
+        c.observe(
+            "jobs",
+            &meta(
+                vec![entry(KCM_MANAGER, "status", 1_900, serde_json::json!({}))],
+                &[],
+            ),
+        );
+        assert_eq!(c.counter.get_or_create(&labels).get(), 1);
+    }
+
+    #[test]
+    fn fields_and_labels_tell_kcm_controllers_apart() {
+        let c = Conflicts::default();
+        c.guard("node-lifecycle-controller");
+        c.guard("endpointslice-controller");
+        c.arm(Some(1_000));
+        // attach-detach writes volumesAttached in nodes/status: not node lifecycle.
+        c.observe(
+            "nodes",
+            &meta(
+                vec![entry(
+                    KCM_MANAGER,
+                    "status",
+                    1_500,
+                    serde_json::json!({"f:status": {"f:volumesAttached": {}}}),
+                )],
+                &[],
+            ),
+        );
+        // The mirroring controller's slices are not the EndpointSlice controller's.
+        let mirrored = [(
+            "endpointslice.kubernetes.io/managed-by",
+            "endpointslicemirroring-controller.k8s.io",
+        )];
+        c.observe(
+            "endpointslices",
+            &meta(
+                vec![entry(KCM_MANAGER, "", 1_500, serde_json::json!({}))],
+                &mirrored,
+            ),
+        );
+        assert_eq!(c.recent(1_500), None);
+        c.observe(
+            "nodes",
+            &meta(
+                vec![entry(
+                    KCM_MANAGER,
+                    "status",
+                    1_500,
+                    serde_json::json!({"f:status": {"f:conditions": {}}}),
+                )],
+                &[],
+            ),
+        );
+        assert_eq!(
+            c.recent(1_500).map(|c| c.controller),
+            Some("node-lifecycle-controller")
+        );
+        let ours = [(
+            "endpointslice.kubernetes.io/managed-by",
+            "endpointslice-controller.k8s.io",
+        )];
+        c.observe(
+            "endpointslices",
+            &meta(
+                vec![entry(KCM_MANAGER, "", 1_600, serde_json::json!({}))],
+                &ours,
+            ),
+        );
+        assert_eq!(
+            c.recent(1_600).map(|c| c.controller),
+            Some("endpointslice-controller")
+        );
+    }
+}

@@ -1,0 +1,84 @@
+//! Issue 18 §3: a guard against running a controller twice. On a plane whose
+//! kube-controller-manager still runs its job controller (the reference plane, all of kcm's
+//! controllers on), a Pilothouse running job-controller sees kcm write a Job's status after it
+//! took over, and says so: `/readyz` fails naming the controller and the Job, and
+//! `pilothouse_conflicting_writes_total` counts it. Before any such write, `/readyz` is ready.
+
+use anyhow::{Result, ensure};
+use pilothouse_tests::cluster::ClusterOptions;
+use pilothouse_tests::harness::{cluster, log_dir, trial};
+use pilothouse_tests::jobs::{self, Jobs};
+use pilothouse_tests::{Pilothouse, k8s, unique, wait};
+use serde_json::json;
+use std::time::Duration;
+
+async fn kcm_still_running_job_controller_is_reported() -> Result<()> {
+    let p = Pilothouse::spawn(
+        "conflict",
+        &cluster().kubeconfig,
+        &log_dir(),
+        &[
+            "--controllers=job-controller".to_string(),
+            format!("--leader-elect-resource-name={}", unique("conflict")),
+        ],
+    )?;
+    p.wait_log("starting controller", Duration::from_secs(60))
+        .await?;
+    let (code, body) = p.http_get("/readyz").await?;
+    ensure!(code == 200, "ready before any conflict: {code} {body}");
+
+    let client = cluster().client().await?;
+    let ns = cluster().namespace("conflict").await?;
+    k8s::wait_service_account(&client, &ns).await?;
+    Jobs::new(client, &ns)
+        .create(&jobs::job(
+            "twice",
+            json!({"completions": 1}),
+            jobs::template(Some(0), "2s"),
+        )?)
+        .await?;
+    let body = wait::until(
+        "/readyz reporting kube-controller-manager",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let (code, body) = p.http_get("/readyz").await?;
+            Ok((code == 500).then_some(body))
+        },
+    )
+    .await?;
+    ensure!(
+        body.contains("kube-controller-manager wrote jobs/status")
+            && body.contains(&format!("{ns}/twice"))
+            && body.contains("job-controller runs here"),
+        "{body}"
+    );
+    let counted = p
+        .metric(
+            "pilothouse_conflicting_writes_total{controller=\"job-controller\",manager=\"kube-controller-manager\",resource=\"jobs/status\"}",
+        )
+        .await?
+        .unwrap_or(0.0);
+    ensure!(counted >= 1.0, "conflicting writes counted: {counted}");
+    ensure!(
+        p.log_text()
+            .contains("kube-controller-manager is still running this controller"),
+        "no error logged"
+    );
+    Ok(())
+}
+
+fn main() -> ! {
+    pilothouse_tests::harness::main(
+        "conflict",
+        ClusterOptions {
+            reference: true,
+            ..Default::default()
+        },
+        None,
+        vec![trial(
+            "kcm_still_running_job_controller_is_reported",
+            kcm_still_running_job_controller_is_reported,
+        )],
+    )
+}
