@@ -213,7 +213,9 @@ impl LeaderElector {
             return true;
         }
         s.renewed_at
-            .is_some_and(|t| t.elapsed() <= self.config.lease_duration + HEALTHZ_TOLERANCE)
+            .is_some_and(|t| {
+                t.elapsed() <= self.config.lease_duration.saturating_add(HEALTHZ_TOLERANCE)
+            })
     }
 
     fn observe(&self, s: &mut State, lease: Lease, now: Instant) {
@@ -309,7 +311,10 @@ impl LeaderElector {
             let mut s = self.lock();
             self.observe(&mut s, current.clone(), now);
             let held_for = Duration::from_secs(s.observed.duration_seconds.max(0) as u64);
-            let valid = s.observed_at.is_some_and(|t| now < t + held_for);
+            // leaseDurationSeconds is anyone's write: the expiry must not overflow an Instant.
+            let valid = s
+                .observed_at
+                .is_some_and(|t| now < crate::queue::far_or(t, held_for));
             (s.observed.clone(), valid)
         };
         if !old.holder.is_empty() && old.holder != me && valid {
@@ -430,7 +435,11 @@ impl LeaderElector {
             seen,
             Duration::from_secs(s.observed.duration_seconds.max(0) as u64),
         );
-        retry.min(expires.saturating_duration_since(Instant::now()) + Duration::from_millis(20))
+        retry.min(
+            expires
+                .saturating_duration_since(Instant::now())
+                .saturating_add(Duration::from_millis(20)),
+        )
     }
 
     /// Follows the Lease while standing by. Observations feed the same expiry clock as polls.
@@ -527,7 +536,9 @@ impl WriteFence for LeaderElector {
 
 /// client-go `wait.Jitter`: `d + rand[0,1) * factor * d`.
 pub fn jitter(d: Duration, factor: f64) -> Duration {
-    d + d.mul_f64(rand::random::<f64>() * factor)
+    let extra = Duration::try_from_secs_f64(d.as_secs_f64() * rand::random::<f64>() * factor)
+        .unwrap_or(Duration::MAX);
+    d.saturating_add(extra)
 }
 
 #[cfg(test)]
