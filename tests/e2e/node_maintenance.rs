@@ -432,7 +432,7 @@ async fn m2_single_replica_pdb_wait() -> Result<()> {
     {
         problems.push("db deleted or not Running past the deadline under Wait".into());
     }
-    if cordon_state(&s.node(&w1).await?).0 != true {
+    if !cordon_state(&s.node(&w1).await?).0 {
         problems.push("w1 not cordoned past the deadline".into());
     }
 
@@ -1548,12 +1548,12 @@ async fn kubectl_single_replica_deadlock() -> Result<()> {
         "kubectl output: {out}"
     );
     ensure!(
-        !b.pods
+        b.pods
             .get(&db_b)
             .await?
             .metadata
             .deletion_timestamp
-            .is_some(),
+            .is_none(),
         "kubectl evicted db"
     );
     println!(
