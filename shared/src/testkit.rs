@@ -314,11 +314,17 @@ impl FakeApi {
         };
         // A graceful delete is a delete to the tracker (the object goes at once).
         let call = match call {
-            Call::DeleteGraceful { target, uid, .. } => Call::Delete {
+            Call::DeleteGraceful {
                 target,
                 uid,
-                resource_version: None,
-                propagation: None,
+                resource_version,
+                propagation,
+                ..
+            } => Call::Delete {
+                target,
+                uid,
+                resource_version,
+                propagation,
             },
             other => other,
         };

@@ -110,6 +110,8 @@ pub enum Call {
     DeleteGraceful {
         target: Target,
         uid: Option<String>,
+        resource_version: Option<String>,
+        propagation: Option<String>,
         grace_period_seconds: i64,
     },
 }
@@ -144,6 +146,28 @@ impl Call {
 pub trait Transport: Send + Sync + 'static {
     /// The response body: the object, or for a delete the object or a `Status`.
     fn call(&self, call: Call) -> BoxFuture<'_, Result<Value, kube::Error>>;
+}
+
+/// `DeleteOptions` with the preconditions and propagation policy of a delete.
+fn delete_params(
+    uid: &Option<String>,
+    resource_version: &Option<String>,
+    propagation: &Option<String>,
+) -> DeleteParams {
+    let mut dp = DeleteParams::default();
+    if uid.is_some() || resource_version.is_some() {
+        dp.preconditions = Some(kube::api::Preconditions {
+            uid: uid.clone(),
+            resource_version: resource_version.clone(),
+        });
+    }
+    dp.propagation_policy = match propagation.as_deref() {
+        Some("Background") => Some(kube::api::PropagationPolicy::Background),
+        Some("Foreground") => Some(kube::api::PropagationPolicy::Foreground),
+        Some("Orphan") => Some(kube::api::PropagationPolicy::Orphan),
+        _ => None,
+    };
+    dp
 }
 
 fn build_request(call: &Call) -> Result<http::Request<Vec<u8>>, kube::Error> {
@@ -202,40 +226,23 @@ fn build_request(call: &Call) -> Result<http::Request<Vec<u8>>, kube::Error> {
             },
             _,
         ) => {
-            let mut dp = DeleteParams::default();
-            if uid.is_some() || resource_version.is_some() {
-                dp.preconditions = Some(kube::api::Preconditions {
-                    uid: uid.clone(),
-                    resource_version: resource_version.clone(),
-                });
-            }
-            dp.propagation_policy = match propagation.as_deref() {
-                Some("Background") => Some(kube::api::PropagationPolicy::Background),
-                Some("Foreground") => Some(kube::api::PropagationPolicy::Foreground),
-                Some("Orphan") => Some(kube::api::PropagationPolicy::Orphan),
-                _ => None,
-            };
+            let dp = delete_params(uid, resource_version, propagation);
             req.delete(&t.name, &dp)
         }
         (
             Call::DeleteGraceful {
                 uid,
+                resource_version,
+                propagation,
                 grace_period_seconds,
                 ..
             },
             _,
         ) => {
-            let dp = DeleteParams {
-                // The API's int64, clamped into kube's u32 (the API validates >= 0).
-                grace_period_seconds: Some(
-                    u32::try_from((*grace_period_seconds).max(0)).unwrap_or(u32::MAX),
-                ),
-                preconditions: uid.as_ref().map(|u| kube::api::Preconditions {
-                    uid: Some(u.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
+            let mut dp = delete_params(uid, resource_version, propagation);
+            // The API's int64, clamped into kube's u32 (the API validates >= 0).
+            dp.grace_period_seconds =
+                Some(u32::try_from((*grace_period_seconds).max(0)).unwrap_or(u32::MAX));
             req.delete(&t.name, &dp)
         }
     };
@@ -396,16 +403,14 @@ impl Writer {
     {
         let target = Target::of::<K>(namespace, name);
         let call = match opts.grace_period_seconds {
-            Some(grace_period_seconds)
-                if opts.resource_version.is_none() && opts.propagation.is_none() =>
-            {
-                Call::DeleteGraceful {
-                    target,
-                    uid: opts.uid,
-                    grace_period_seconds,
-                }
-            }
-            _ => Call::Delete {
+            Some(grace_period_seconds) => Call::DeleteGraceful {
+                target,
+                uid: opts.uid,
+                resource_version: opts.resource_version,
+                propagation: opts.propagation.map(str::to_string),
+                grace_period_seconds,
+            },
+            None => Call::Delete {
                 target,
                 uid: opts.uid,
                 resource_version: opts.resource_version,
@@ -501,12 +506,16 @@ mod tests {
         let graceful = Call::DeleteGraceful {
             target: Target::of::<Pod>("ns", "p"),
             uid: Some("u1".into()),
+            resource_version: Some("7".into()),
+            propagation: Some("Foreground".into()),
             grace_period_seconds: i64::MAX,
         };
         let r = build_request(&graceful).unwrap();
         let body: Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(body["preconditions"]["uid"], "u1");
         assert_eq!(body["gracePeriodSeconds"], u32::MAX);
+        assert_eq!(body["preconditions"]["resourceVersion"], "7");
+        assert_eq!(body["propagationPolicy"], "Foreground");
         let evict = Call::Create(
             Target::of::<crate::pod::Pod>("ns", "p").subresource("eviction"),
             serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction"}),

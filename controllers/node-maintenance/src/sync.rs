@@ -64,7 +64,10 @@ struct Memory {
     restored: bool,
     last_status_write: Option<Instant>,
     last_error: Option<String>,
-    drain_observed: bool,
+    /// NM-5: BeginMaintenance was emitted (a failed cordon must not repeat it).
+    begun: bool,
+    /// NM-17: the budgets this object warned of a deadlock (once per object and budget).
+    deadlock_warned: std::collections::HashSet<String>,
 }
 
 pub struct NodeMaintenanceController {
@@ -209,10 +212,25 @@ impl NodeMaintenanceController {
                 let node = self.node(&nm.spec.node_name);
                 let node = node.filter(|n| !replaced(&nm, n));
                 self.end_targeting(&nm).await;
-                if let Some(node) = node {
-                    self.release(&nm, &node).await?;
+                let released = match &node {
+                    Some(node) => self.release(&nm, node).await.map(drop),
+                    None => Ok(()),
+                };
+                if let Err(e) = released {
+                    // Cleanup is still running: say so, and retry.
+                    let mut st = nm.status.clone().unwrap_or_default();
+                    st.phase = Some(Phase::Completing);
+                    let _ = self.write_status(&nm, st, false).await;
+                    return Err(e);
                 }
                 self.remove_finalizer(&nm).await?;
+                let st = nm.status.clone().unwrap_or_default();
+                if let Some(c) = status::condition(&st.conditions, CONDITION_DRAINED)
+                    && c.status != "True"
+                    && c.reason != "Cancelled"
+                {
+                    self.observe_drain_end(&nm, "cancelled", self.clock.now());
+                }
                 self.events.normal(
                     &shared::refs::object_reference(nm.as_ref()),
                     "RemovedMaintenance",
@@ -220,7 +238,6 @@ impl NodeMaintenanceController {
                     format!("Removed maintenance of node {}", nm.spec.node_name),
                 );
             }
-            self.observe_drain_end(&nm, false);
             return Ok(Next::Done);
         }
         let now = self.clock.now();
@@ -398,6 +415,12 @@ impl NodeMaintenanceController {
             .iter()
             .any(|s| matches!(s.name, Stage::Cordon | Stage::Drain));
         status::note_stage(&mut st.stage_statuses, nm.spec.stage, now);
+        let name = nm.metadata.name.clone().unwrap_or_default();
+        let first = first
+            && self
+                .memory()
+                .get_mut(&name)
+                .is_some_and(|m| !std::mem::replace(&mut m.begun, true));
         if first {
             self.events.normal(
                 &obj_ref,
@@ -444,11 +467,25 @@ impl NodeMaintenanceController {
             st.phase = Some(Phase::Cordoned);
         }
         if self.node_conditions {
-            let draining = self
+            // One view of the node for every object on it, so overlapping objects agree.
+            let me = nm.metadata.uid.clone();
+            let drains: Vec<bool> = self
                 .on_node(&nm.spec.node_name)
                 .iter()
-                .any(|o| plan::is_draining(o));
-            let wanted = plan::lifecycle_conditions(true, draining, drained);
+                .filter(|o| plan::is_draining(o))
+                .map(|o| {
+                    if o.metadata.uid == me {
+                        drained
+                    } else {
+                        o.status
+                            .as_ref()
+                            .is_some_and(|s| status::is_true(&s.conditions, CONDITION_DRAINED))
+                    }
+                })
+                .collect();
+            let draining = drains.iter().any(|d| !d);
+            let all_drained = !drains.is_empty() && drains.iter().all(|d| *d);
+            let wanted = plan::lifecycle_conditions(true, draining, all_drained);
             if let Some(p) = plan::lifecycle_patch(&node, &wanted, now) {
                 act::patch_node_status(&self.writer, &nm.spec.node_name, p)
                     .await
@@ -539,7 +576,7 @@ impl NodeMaintenanceController {
             result.selector_error = Some(e);
             return result;
         }
-        self.restore(&name, st);
+        self.restore(&name, &node_name, st);
         let ds_exists = |ns: &str, n: &str| self.daemonsets.get(&format!("{ns}/{n}")).is_some();
         let mut present: HashMap<String, Arc<Pod>> = HashMap::new();
         let mut missing: Vec<(Consent, String)> = Vec::new();
@@ -557,27 +594,21 @@ impl NodeMaintenanceController {
                         if let Some(c) = consent {
                             missing.push((c, pod.key().into_owned()));
                         }
-                        m.targets.entry(uid.clone()).or_insert_with(|| Target {
+                        // The present pod is the truth (a target restored from the status
+                        // knows neither its priority nor its creation time).
+                        let target = Target {
                             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
                             name: pod.metadata.name.clone().unwrap_or_default(),
                             created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
                             priority: pod.spec.as_ref().and_then(|s| s.priority),
-                        });
+                        };
+                        m.targets.insert(uid.clone(), target);
                         present.insert(uid, Arc::clone(pod));
                     }
                 }
             }
         }
-        let targets: Vec<(String, Target)> = self
-            .memory()
-            .get(&name)
-            .map(|m| {
-                m.targets
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let targets = self.targets_of(&name);
         for (uid, t) in &targets {
             self.tracker
                 .ensure(uid, || PodRecord::new(&t.namespace, &t.name, &node_name));
@@ -609,7 +640,8 @@ impl NodeMaintenanceController {
                 .for_each_concurrent(REQUESTS_AT_ONCE, |(uid, pod)| {
                     let message = &message;
                     async move {
-                        if escalate {
+                        let denied = self.tracker.get(uid).is_some_and(|r| r.delete_denied);
+                        if escalate && !denied {
                             self.delete_one(nm, pod, uid, now).await;
                         } else {
                             self.evict_one(nm, pod, uid, message, now).await;
@@ -674,7 +706,7 @@ impl NodeMaintenanceController {
     }
 
     /// After a restart: the targets the status lists (their pods may be gone since).
-    fn restore(&self, name: &str, st: &NodeMaintenanceStatus) {
+    fn restore(&self, name: &str, node: &str, st: &NodeMaintenanceStatus) {
         let mut mem = self.memory();
         let m = mem.entry(name.to_string()).or_default();
         if std::mem::replace(&mut m.restored, true) {
@@ -689,7 +721,7 @@ impl NodeMaintenanceController {
                 priority: None,
             });
             self.tracker.ensure(&uid, || {
-                let mut r = PodRecord::new(&p.namespace, &p.name, "");
+                let mut r = PodRecord::new(&p.namespace, &p.name, node);
                 r.method = p.method;
                 r.attempts = p.attempts;
                 r.first_attempt = p.first_attempt_time.as_ref().map(|t| t.0);
@@ -698,18 +730,37 @@ impl NodeMaintenanceController {
                 if p.state == TargetState::Blocked {
                     r.state = TargetState::Blocked;
                     r.failures = 1;
+                    r.pdb = p.pod_disruption_budget.clone();
+                    r.message = p.message.clone();
+                    r.blocked_reason = p
+                        .blocked_reason
+                        .as_deref()
+                        .and_then(|b| evict::SEVERITY.iter().copied().find(|known| *known == b));
                 }
                 r
             });
         }
     }
 
-    /// NM-12: the message naming every Drain-stage object on the node, oldest first.
+    /// A snapshot of the object's targets.
+    fn targets_of(&self, name: &str) -> Vec<(String, Target)> {
+        self.memory()
+            .get(name)
+            .map(|m| {
+                m.targets
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// NM-12: the message naming every active object on the node, oldest first.
     fn targeted_message(&self, node: &str) -> String {
         let mut objs: Vec<Arc<NodeMaintenance>> = self
             .on_node(node)
             .into_iter()
-            .filter(|o| plan::is_draining(o))
+            .filter(|o| plan::is_active(o))
             .collect();
         objs.sort_by(|a, b| plan::oldest_first(a, b));
         plan::targeted_message(&objs.iter().map(|o| o.as_ref()).collect::<Vec<_>>())
@@ -800,9 +851,9 @@ impl NodeMaintenanceController {
         message: &str,
         now: Timestamp,
     ) {
-        if !self.tracker.claim(uid, now) {
+        let Some(_claim) = self.tracker.claim(uid, now) else {
             return;
-        }
+        };
         self.mark_targeted(nm, pod, uid, message, now).await;
         let (ns, name) = (
             pod.metadata.namespace.clone().unwrap_or_default(),
@@ -928,9 +979,7 @@ impl NodeMaintenanceController {
         };
         self.metrics.eviction(label);
         let terminating = classify::is_terminating(pod);
-        let nm_uid = nm.metadata.uid.clone().unwrap_or_default();
         let events = self.tracker.update(uid, |r| {
-            r.in_flight = false;
             r.attempts = r.attempts.saturating_add(1);
             r.first_attempt.get_or_insert(now);
             r.last_attempt = Some(now);
@@ -956,8 +1005,7 @@ impl NodeMaintenanceController {
                     r.pdb = pdb.clone();
                     r.message = text.clone();
                     if reason == evict::REASON_DEADLOCK {
-                        let k = (nm_uid.clone(), pdb.clone().unwrap_or_default());
-                        events.0 = r.deadlock_warned.insert(k);
+                        events.0 = true;
                     } else if r
                         .last_blocked_event
                         .is_none_or(|t| now.duration_since(t).as_secs() >= BLOCKED_EVENT_EVERY)
@@ -970,7 +1018,14 @@ impl NodeMaintenanceController {
             events
         });
         let msg = format!("pod {key} {}", text.clone().unwrap_or_default());
+        // NM-17: DrainDeadlocked once per (object, budget), on the object and the pod.
+        let deadlock_first = matches!(events, Some((true, _)))
+            && self
+                .memory()
+                .get_mut(nm.metadata.name.as_deref().unwrap_or_default())
+                .is_some_and(|m| m.deadlock_warned.insert(pdb.clone().unwrap_or_default()));
         match events {
+            Some((true, _)) if !deadlock_first => {}
             Some((true, _)) => {
                 self.events
                     .warning(&obj_ref, "DrainDeadlocked", "Evict", &msg);
@@ -987,14 +1042,20 @@ impl NodeMaintenanceController {
     /// NM-18 `Delete`: past the deadline a Pending or Blocked target gets `DisruptionTarget` and
     /// a DELETE with its UID precondition, bypassing its budget.
     async fn delete_one(&self, nm: &NodeMaintenance, pod: &Pod, uid: &str, now: Timestamp) {
-        if !self.tracker.claim(uid, Timestamp::MAX) {
+        // The pod's own backoff applies to deletions too (NM-14).
+        let Some(_claim) = self.tracker.claim(uid, now) else {
             return;
-        }
+        };
         let (ns, name) = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
         let nm_name = nm.metadata.name.clone().unwrap_or_default();
+        let transition = pod
+            .condition(DISRUPTION_TARGET)
+            .filter(|c| c.status == "True")
+            .and_then(|c| c.last_transition_time.clone())
+            .unwrap_or(Time(now));
         let cond = PodCondition {
             type_: DISRUPTION_TARGET.into(),
             status: "True".into(),
@@ -1002,7 +1063,7 @@ impl NodeMaintenanceController {
             message: Some(format!(
                 "NodeMaintenance {nm_name}: deleting past the drain deadline"
             )),
-            last_transition_time: Some(Time(now)),
+            last_transition_time: Some(transition),
             observed_generation: pod.metadata.generation,
             last_probe_time: None,
         };
@@ -1053,10 +1114,11 @@ impl NodeMaintenanceController {
             Err(e) => {
                 // Lacking delete RBAC: EvictionDenied, and the drain behaves as Wait.
                 let m = shared::apierr::message(&e);
-                let reason = if matches!(
+                let denied = matches!(
                     shared::apierr::classify(&e),
                     shared::apierr::ErrorKind::Forbidden | shared::apierr::ErrorKind::Invalid
-                ) {
+                );
+                let reason = if denied {
                     evict::REASON_DENIED
                 } else {
                     evict::REASON_ERROR
@@ -1068,10 +1130,11 @@ impl NodeMaintenanceController {
                     r.next_attempt = now.checked_add(evict::backoff(r.failures)).ok();
                     r.blocked_reason = Some(reason);
                     r.message = Some(format!("deletion failed: {m}"));
+                    // Refused for good (RBAC, a webhook): evictions go on, as with Wait.
+                    r.delete_denied |= denied;
                 });
             }
         }
-        self.tracker.release(uid);
     }
 
     /// The Drain-stage conditions and events from one drain step; returns whether drained.
@@ -1139,7 +1202,7 @@ impl NodeMaintenanceController {
                     "Drain",
                     format!("Drained node {}", nm.spec.node_name),
                 );
-                self.observe_drain_end(nm, true);
+                self.observe_drain_end(nm, "drained", now);
             }
         } else {
             let left = result
@@ -1258,7 +1321,9 @@ impl NodeMaintenanceController {
         drained
     }
 
-    fn observe_drain_end(&self, nm: &NodeMaintenance, drained: bool) {
+    /// §7: one observation per drain, at its end (the transition to Drained or Cancelled), of
+    /// `status.drain.startTime` → `end`.
+    fn observe_drain_end(&self, nm: &NodeMaintenance, outcome: &str, end: Timestamp) {
         let Some(start) = nm
             .status
             .as_ref()
@@ -1267,33 +1332,13 @@ impl NodeMaintenanceController {
         else {
             return;
         };
-        let was_drained = nm
-            .status
-            .as_ref()
-            .is_some_and(|s| status::is_true(&s.conditions, CONDITION_DRAINED));
-        if !drained && was_drained {
-            return;
-        }
-        let name = nm.metadata.name.clone().unwrap_or_default();
-        let first = self
-            .memory()
-            .get_mut(&name)
-            .map(|m| !std::mem::replace(&mut m.drain_observed, true))
-            .unwrap_or(false);
-        if first {
-            let secs = self
-                .clock
-                .now()
-                .duration_since(start.0)
-                .as_secs_f64()
-                .max(0.0);
-            self.metrics
-                .drain_duration
-                .get_or_create(&OutcomeLabel {
-                    outcome: if drained { "drained" } else { "cancelled" }.into(),
-                })
-                .observe(secs);
-        }
+        let secs = end.duration_since(start.0).as_secs_f64().max(0.0);
+        self.metrics
+            .drain_duration
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .observe(secs);
     }
 
     /// NM-19: stage Complete: stop, end the pod conditions, release; phase Completed.
@@ -1307,6 +1352,8 @@ impl NodeMaintenanceController {
         let generation = nm.metadata.generation;
         if !status::is_true(&st.conditions, CONDITION_DRAINED) {
             let cancelled = st.drain.as_ref().is_some_and(|d| d.start_time.is_some());
+            let newly = status::condition(&st.conditions, CONDITION_DRAINED)
+                .is_none_or(|c| c.reason != "Cancelled");
             let reason = if cancelled {
                 "Cancelled"
             } else {
@@ -1321,8 +1368,8 @@ impl NodeMaintenanceController {
                 now,
                 generation,
             );
-            if cancelled {
-                self.observe_drain_end(nm, false);
+            if cancelled && newly {
+                self.observe_drain_end(nm, "cancelled", now);
             }
         }
         status::set_condition(
@@ -1457,6 +1504,7 @@ impl NodeMaintenanceController {
         let name = nm.metadata.name.clone().unwrap_or_default();
         self.restore(
             &name,
+            &nm.spec.node_name,
             nm.status
                 .as_ref()
                 .unwrap_or(&NodeMaintenanceStatus::default()),
@@ -1467,16 +1515,7 @@ impl NodeMaintenanceController {
             .into_iter()
             .filter(|o| o.metadata.uid != me && plan::is_draining(o))
             .collect();
-        let targets: Vec<(String, Target)> = self
-            .memory()
-            .get(&name)
-            .map(|m| {
-                m.targets
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let targets = self.targets_of(&name);
         let now = self.clock.now();
         for (uid, t) in targets {
             let Some(pod) = self.pods.get(&format!("{}/{}", t.namespace, t.name)) else {
@@ -1547,7 +1586,7 @@ impl NodeMaintenanceController {
             && !phase_changed
             && let Some(since) = since.filter(|s| *s < STATUS_EVERY)
         {
-            return Ok(STATUS_EVERY - since);
+            return Ok(STATUS_EVERY.saturating_sub(since));
         }
         let patch = status::merge_patch(
             &serde_json::to_value(&old).unwrap_or_default(),

@@ -560,6 +560,7 @@ async fn m3_delete_escalation_past_the_deadline() {
                 target,
                 uid,
                 grace_period_seconds,
+                ..
             } if target.name == "db-0" => Some((uid, grace_period_seconds)),
             _ => None,
         })
@@ -1440,15 +1441,66 @@ async fn a_new_leader_resumes_from_the_status() {
         ..Default::default()
     });
     kit.seed([o]);
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(evictions(&kit, "web-1"), 0, "accepted before the restart");
     assert_eq!(evictions(&kit, "db-0"), 0, "still backing off");
-    assert!(eventually(Duration::from_secs(15), || evictions(&kit, "db-0") == 1).await);
+    // NM-16 after a restart: the restored record knows its node, so a budget that allows a
+    // disruption wakes the drain at once (not at the restored nextAttemptTime, 20 s on).
+    kit.apply(pdb("db-pdb", "db", 1, 2, 2, 1, 1));
+    let t0 = tokio::time::Instant::now();
+    assert!(eventually(Duration::from_secs(5), || evictions(&kit, "db-0") == 1).await);
+    assert!(t0.elapsed() < Duration::from_secs(5));
     assert_eq!(evictions(&kit, "web-1"), 0);
     settle().await;
     assert_eq!(
         count(&kit, "Normal BeginMaintenance"),
         0,
         "not a new maintenance"
+    );
+}
+
+/// NM-18: without delete permission the escalation is refused once: the pod shows
+/// EvictionDenied and the drain goes on as with Wait (evictions on their backoff, no DELETE
+/// loop).
+#[tokio::test(start_paused = true)]
+async fn nm_18_refused_deletion_falls_back_to_wait() {
+    let kit = kit();
+    let _running = start(&kit);
+    kit.seed([node("w1", None)]);
+    kit.seed([pdb("db-pdb", "db", 1, 1, 1, 0, 1)]);
+    kit.seed([pod("db-0", "w1")]);
+    kit.api
+        .fail_when(|c| is_eviction_of(c, "db-0").then(|| pdb_429("db-pdb", 1)));
+    kit.api.fail("delete", "pods", 100, 403, "Forbidden");
+    let drain = DrainSpec {
+        timeout_seconds: Some(30),
+        timeout_policy: TimeoutPolicy::Delete,
+        ..DrainSpec::default()
+    };
+    kit.seed([nm("d", "w1", Stage::Drain, drain)]);
+    let deletes = |kit: &Kit| {
+        kit.api
+            .calls()
+            .iter()
+            .filter(|c| c.verb() == "delete" && c.target().plural == "pods")
+            .count()
+    };
+    assert!(eventually(Duration::from_secs(40), || deletes(&kit) == 1).await);
+    let evictions_then = evictions(&kit, "db-0");
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    catch_up(&kit, &["d"], &[], &[]);
+    assert_eq!(deletes(&kit), 1, "no DELETE loop");
+    assert!(evictions(&kit, "db-0") > evictions_then, "evictions go on");
+    let condition_patches = kit
+        .api
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, Call::Patch(t, _, b) if t.name == "db-0" && b["status"]["conditions"][0]["type"] == "DisruptionTarget"))
+        .count();
+    assert_eq!(condition_patches, 1);
+    assert!(
+        status(&kit, "d")
+            .last_error
+            .is_some_and(|e| e.contains("deleting pod shop/db-0"))
     );
 }

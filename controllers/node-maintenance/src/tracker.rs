@@ -4,7 +4,7 @@
 
 use crate::types::{EvictionMethod, TargetState};
 use k8s_openapi::jiff::Timestamp;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -33,10 +33,10 @@ pub struct PodRecord {
     /// `TargetedByNodeMaintenance=True` written with this message.
     pub condition_message: Option<String>,
     pub condition_failures: u32,
-    /// NM-17: the last `EvictionBlocked` warning, and the (object, budget) pairs warned of a
-    /// deadlock.
+    /// NM-17: the last `EvictionBlocked` warning.
     pub last_blocked_event: Option<Timestamp>,
-    pub deadlock_warned: HashSet<(String, String)>,
+    /// NM-18: a DELETE was refused (no RBAC, a webhook): eviction goes on, as with `Wait`.
+    pub delete_denied: bool,
     pub gone_at: Option<Timestamp>,
 }
 
@@ -60,7 +60,7 @@ impl PodRecord {
             condition_message: None,
             condition_failures: 0,
             last_blocked_event: None,
-            deadlock_warned: HashSet::new(),
+            delete_denied: false,
             gone_at: None,
         }
     }
@@ -75,6 +75,18 @@ impl PodRecord {
             && self.method.is_none()
             && matches!(self.state, TargetState::Pending | TargetState::Blocked)
             && self.next_attempt.is_none_or(|t| t <= now)
+    }
+}
+
+/// A pod claimed for one request; released on drop.
+pub struct Claim<'a> {
+    tracker: &'a Tracker,
+    uid: String,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.tracker.release(&self.uid);
     }
 }
 
@@ -104,14 +116,18 @@ impl Tracker {
         self.lock().get_mut(uid).map(f)
     }
 
-    /// Claims `uid` for one request if it is due: the caller then must [`Tracker::release`] it.
-    pub fn claim(&self, uid: &str, now: Timestamp) -> bool {
+    /// Claims `uid` for one request if it is due; the claim ends when the guard drops (also on
+    /// a panic or a dropped future), so a pod is never left claimed.
+    pub fn claim(&self, uid: &str, now: Timestamp) -> Option<Claim<'_>> {
         match self.lock().get_mut(uid) {
             Some(r) if r.due(now) => {
                 r.in_flight = true;
-                true
+                Some(Claim {
+                    tracker: self,
+                    uid: uid.to_string(),
+                })
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -175,17 +191,24 @@ mod tests {
     fn nm_13_one_request_per_pod_at_a_time_and_never_after_acceptance() {
         let tr = Tracker::default();
         tr.ensure("u", || PodRecord::new("ns", "p", "w1"));
-        assert!(tr.claim("u", t(0)));
+        let claim = tr.claim("u", t(0));
+        assert!(claim.is_some());
         assert!(
-            !tr.claim("u", t(0)),
+            tr.claim("u", t(0)).is_none(),
             "a second object must not evict the same pod"
         );
+        drop(claim);
+        assert!(
+            tr.claim("u", t(0)).is_some(),
+            "released when the claim drops"
+        );
+        let claim = tr.claim("u", t(0));
         tr.update("u", |r| {
             r.method = Some(EvictionMethod::Eviction);
             r.state = TargetState::Terminating;
         });
-        tr.release("u");
-        assert!(!tr.claim("u", t(100)), "accepted: never again");
+        drop(claim);
+        assert!(tr.claim("u", t(100)).is_none(), "accepted: never again");
     }
 
     #[test]
@@ -200,12 +223,12 @@ mod tests {
                 r.pdb = Some("db-pdb".into());
             });
         }
-        assert!(!tr.claim("a", t(10)));
+        assert!(tr.claim("a", t(10)).is_none());
         let nodes = tr.reset_blocked("shop", |uid, _| uid == "a");
         assert_eq!(nodes, ["w1"]);
-        assert!(tr.claim("a", t(10)));
-        assert!(!tr.claim("b", t(10)));
-        assert!(!tr.claim("c", t(10)));
+        assert!(tr.claim("a", t(10)).is_some());
+        assert!(tr.claim("b", t(10)).is_none());
+        assert!(tr.claim("c", t(10)).is_none());
     }
 
     #[test]
