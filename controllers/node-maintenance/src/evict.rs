@@ -173,6 +173,8 @@ pub fn classify_response(response: &Result<Value, kube::Error>) -> Outcome {
                 .filter(|s| *s > 0)
                 .map_or(THROTTLE_RETRY, |s| Duration::from_secs(u64::from(s))),
         },
+        // Only the text tells: a bare 500 (etcd, a webhook's crash) is an EvictionError, not a
+        // claim about budgets the table's "HTTP 500" row would make.
         _ if s.message.contains(MULTIPLE_PDBS) => Outcome::MultipleBudgets { message },
         // A negative disruptionsAllowed or an overfull disruptedPods: still the budget's refusal.
         403 if budget_cause.is_some() => budget(budget_cause),
@@ -348,6 +350,7 @@ mod tests {
             ("403 webhook", api(403, "Forbidden", "admission webhook \"deny\" denied the request", vec![], 0), Outcome::Denied { message: "admission webhook \"deny\" denied the request".into() }),
             ("422", api(422, "Invalid", "invalid", vec![], 0), Outcome::Denied { message: "invalid".into() }),
             ("503", api(503, "ServiceUnavailable", "", vec![], 0), Outcome::Error { message: "HTTP 503".into() }),
+            ("500 without the multiple-PDB text", api(500, "InternalError", "etcdserver: request timed out", vec![], 0), Outcome::Error { message: "etcdserver: request timed out".into() }),
         ];
         for (name, response, want) in rows {
             assert_eq!(classify_response(&response), want, "{name}");
