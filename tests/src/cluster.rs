@@ -195,6 +195,90 @@ impl Cluster {
         Ok(())
     }
 
+    /// Restarts kube-controller-manager with `--controllers=<controllers>` and everything else
+    /// as `tests/cluster/up` started it (the running process's own arguments and zone
+    /// database), as an operator edits its static pod manifest; returns once it is healthy.
+    pub async fn restart_kube_controller_manager(&self, controllers: &str) -> Result<()> {
+        let pid_file = self.dir.join("pids/kube-controller-manager");
+        let pid: i32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
+        let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))?
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let zoneinfo = std::fs::read(format!("/proc/{pid}/environ"))?
+            .split(|b| *b == 0)
+            .find_map(|v| {
+                v.strip_prefix(b"ZONEINFO=")
+                    .map(|z| String::from_utf8_lossy(z).into_owned())
+            });
+        ensure!(
+            argv.iter().any(|a| a.starts_with("--controllers=")),
+            "kube-controller-manager (pid {pid}) has no --controllers: {argv:?}"
+        );
+        // SAFETY: kill(2) on the control plane's own child process.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        // A kcm this function started is our child: reap it (a zombie keeps its /proc entry).
+        let running = || {
+            // SAFETY: waitpid(2) with WNOHANG on a pid; it fails harmlessly if not our child.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                st.rsplit_once(')')
+                    .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+            })
+        };
+        while running() {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "kube-controller-manager (pid {pid}) did not stop"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let args: Vec<String> = argv
+            .into_iter()
+            .map(|a| {
+                if a.starts_with("--controllers=") {
+                    format!("--controllers={controllers}")
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let n = std::fs::read_dir(self.dir.join("logs"))?.count();
+        let log = std::fs::File::create(
+            self.dir
+                .join(format!("logs/kube-controller-manager-{n}.log")),
+        )?;
+        let mut cmd = Command::new("setsid");
+        cmd.args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if let Some(z) = zoneinfo {
+            cmd.env("ZONEINFO", z);
+        }
+        let child = cmd.spawn().context("starting kube-controller-manager")?;
+        std::fs::write(&pid_file, format!("{}\n", child.id()))?;
+        let port = std::fs::read_to_string(self.dir.join("ports/kube-controller-manager"))?;
+        let url = format!("https://127.0.0.1:{}/healthz", port.trim());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let ok = Command::new("curl")
+                .args(["-skf", &url])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ok {
+                return Ok(());
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "kube-controller-manager did not become healthy after the restart"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    }
+
     pub fn down(&mut self) {
         if self.stopped {
             return;
