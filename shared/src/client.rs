@@ -217,7 +217,8 @@ where
                         waited = true;
                         let elapsed = t.elapsed();
                         if elapsed < LOW_PRIORITY_STARVED {
-                            tokio::time::sleep(d.min(LOW_PRIORITY_STARVED.saturating_sub(elapsed))).await;
+                            tokio::time::sleep(d.min(LOW_PRIORITY_STARVED.saturating_sub(elapsed)))
+                                .await;
                             continue;
                         }
                         // Starved: queue behind the writes already reserved, a few at a time.

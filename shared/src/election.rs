@@ -212,10 +212,9 @@ impl LeaderElector {
         if !s.leading {
             return true;
         }
-        s.renewed_at
-            .is_some_and(|t| {
-                t.elapsed() <= self.config.lease_duration.saturating_add(HEALTHZ_TOLERANCE)
-            })
+        s.renewed_at.is_some_and(|t| {
+            t.elapsed() <= self.config.lease_duration.saturating_add(HEALTHZ_TOLERANCE)
+        })
     }
 
     fn observe(&self, s: &mut State, lease: Lease, now: Instant) {

@@ -251,10 +251,10 @@ where
     let mut buf = Vec::new();
     // A TLS peer may close without close_notify after the response: keep what was read.
     let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await?;
-    if let Err(e) = read {
-        if buf.is_empty() {
-            return Err(e.into());
-        }
+    if let Err(e) = read
+        && buf.is_empty()
+    {
+        return Err(e.into());
     }
     let text = String::from_utf8_lossy(&buf).to_string();
     let status = text

@@ -58,7 +58,9 @@ pub struct NodeMaintenanceSpec {
     /// The node to take out of service. Immutable.
     #[x_kube(validation = Rule::new("self == oldSelf").message("nodeName is immutable"))]
     #[schemars(length(min = 1, max = 253))]
-    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ))]
     pub node_name: String,
     /// KEP-4212 stage; only advances. `Drain` by default, so that creating the object drains.
     #[serde(default)]
@@ -328,4 +330,3 @@ pub enum EvictionMethod {
     Eviction,
     Delete,
 }
-
