@@ -1042,8 +1042,9 @@ impl NodeMaintenanceController {
     /// NM-18 `Delete`: past the deadline a Pending or Blocked target gets `DisruptionTarget` and
     /// a DELETE with its UID precondition, bypassing its budget.
     async fn delete_one(&self, nm: &NodeMaintenance, pod: &Pod, uid: &str, now: Timestamp) {
-        // The pod's own backoff applies to deletions too (NM-14).
-        let Some(_claim) = self.tracker.claim(uid, now) else {
+        // The first DELETE goes at the deadline; a failed one is retried on a backoff of its own
+        // (NM-14's 5 s doubling), not on the evictions' (which may be minutes long by then).
+        let Some(_claim) = self.tracker.claim_delete(uid, now) else {
             return;
         };
         let (ns, name) = (
@@ -1128,6 +1129,8 @@ impl NodeMaintenanceController {
                     r.state = TargetState::Blocked;
                     r.failures = r.failures.saturating_add(1);
                     r.next_attempt = now.checked_add(evict::backoff(r.failures)).ok();
+                    r.delete_failures = r.delete_failures.saturating_add(1);
+                    r.next_delete = now.checked_add(evict::backoff(r.delete_failures)).ok();
                     r.blocked_reason = Some(reason);
                     r.message = Some(format!("deletion failed: {m}"));
                     // Refused for good (RBAC, a webhook): evictions go on, as with Wait.

@@ -37,6 +37,10 @@ pub struct PodRecord {
     pub last_blocked_event: Option<Timestamp>,
     /// NM-18: a DELETE was refused (no RBAC, a webhook): eviction goes on, as with `Wait`.
     pub delete_denied: bool,
+    /// NM-18: failed DELETEs and when the next may go. Deletions have their own backoff: the
+    /// first one goes at the deadline, whatever the evictions' backoff says.
+    pub delete_failures: u32,
+    pub next_delete: Option<Timestamp>,
     pub gone_at: Option<Timestamp>,
 }
 
@@ -61,6 +65,8 @@ impl PodRecord {
             condition_failures: 0,
             last_blocked_event: None,
             delete_denied: false,
+            delete_failures: 0,
+            next_delete: None,
             gone_at: None,
         }
     }
@@ -75,6 +81,14 @@ impl PodRecord {
             && self.method.is_none()
             && matches!(self.state, TargetState::Pending | TargetState::Blocked)
             && self.next_attempt.is_none_or(|t| t <= now)
+    }
+
+    /// NM-18: whether a DELETE may go now (its own backoff, not the evictions').
+    pub fn delete_due(&self, now: Timestamp) -> bool {
+        !self.in_flight
+            && self.method.is_none()
+            && matches!(self.state, TargetState::Pending | TargetState::Blocked)
+            && self.next_delete.is_none_or(|t| t <= now)
     }
 }
 
@@ -121,6 +135,20 @@ impl Tracker {
     pub fn claim(&self, uid: &str, now: Timestamp) -> Option<Claim<'_>> {
         match self.lock().get_mut(uid) {
             Some(r) if r.due(now) => {
+                r.in_flight = true;
+                Some(Claim {
+                    tracker: self,
+                    uid: uid.to_string(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// As [`Tracker::claim`], for an NM-18 deletion.
+    pub fn claim_delete(&self, uid: &str, now: Timestamp) -> Option<Claim<'_>> {
+        match self.lock().get_mut(uid) {
+            Some(r) if r.delete_due(now) => {
                 r.in_flight = true;
                 Some(Claim {
                     tracker: self,
