@@ -665,10 +665,13 @@ async fn m4_multiple_pdbs() -> Result<()> {
     merge_json(&mut spec, &json!({"terminationGracePeriodSeconds": 1}));
     s.deployment("db", 1, spec).await?;
     s.pdb("db-pdb", json!({"maxUnavailable": 1}), "db").await?;
-    s.pdb("db-pdb-2", json!({"maxUnavailable": 1}), "db")
-        .await?;
     let db = name_of(&s.wait_app_on("db", &w1).await?);
     s.wait_pdb_allows("db-pdb", 1).await?;
+    // The second budget only once the pod is healthy: kube-controller-manager's disruption
+    // controller sends a pod's changes to one of the budgets that select it ("chose
+    // arbitrarily"), so a second budget created earlier may never see the pod turn Ready.
+    s.pdb("db-pdb-2", json!({"maxUnavailable": 1}), "db")
+        .await?;
     s.wait_pdb_allows("db-pdb-2", 1).await?;
     let name = format!("{}-nm", s.name);
     nms.create(&name, json!({"nodeName": w1})).await?;
