@@ -37,6 +37,13 @@ pub const LOW_PRIORITY_STARVED: std::time::Duration = std::time::Duration::from_
 /// Starved low-priority requests queued among the object writes at once.
 pub const LOW_PRIORITY_QUEUED: usize = 4;
 
+/// Re-sends of one request the server asked to be retried later (client-go's default).
+pub const MAX_RETRY_AFTER: u32 = 10;
+
+/// The longest `Retry-After` honoured as given; a larger one waits this long (a worker is held
+/// meanwhile).
+pub const RETRY_AFTER_CAP: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A low-priority request gave up: the controller's budget stayed taken by its object writes.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -124,9 +131,16 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
     // inside the sync: a PodDisruptionBudget's 429 on an eviction kept a worker for minutes.
     // Controllers classify every answer and retry through their queues' per-key backoff, as
     // client-go's controllers do.
+    // What is retried instead is client-go's: an answer of 429 or 5xx with `Retry-After` (API
+    // priority and fairness, a server shutting down) is sent again after that long, through
+    // this layer (a token each time), at most MAX_RETRY_AFTER times. The buffer makes the
+    // stack beneath cloneable, to send again from inside the response future.
     let mut config = config.clone();
     config.default_retry = false;
-    Ok(ClientBuilder::try_from(config)?.with_layer(&layer).build())
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&tower::buffer::BufferLayer::new(1024))
+        .with_layer(&layer)
+        .build())
 }
 
 struct Shared {
@@ -166,9 +180,130 @@ fn is_write(m: &Method) -> bool {
     !matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
+/// The wait a response asks for before the same request is sent again (client-go's
+/// `checkWait`): a 429 or 5xx with `Retry-After` in whole seconds, capped at
+/// [`RETRY_AFTER_CAP`].
+fn retry_after<B>(res: &Response<B>) -> Option<std::time::Duration> {
+    let code = res.status().as_u16();
+    if code != 429 && code < 500 {
+        return None;
+    }
+    let secs: i64 = res
+        .headers()
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(std::time::Duration::from_secs(secs.max(0).unsigned_abs()).min(RETRY_AFTER_CAP))
+}
+
+/// A copy of `req` to send again, when it may be: its body is in memory, and it is not an
+/// eviction (a PodDisruptionBudget's 429 is the controller's to classify and back off from,
+/// as kubectl drain does, not a worker's to wait out).
+fn resendable(req: &Request<Body>) -> Option<Request<Body>> {
+    if req.uri().path().ends_with("/eviction") {
+        return None;
+    }
+    let mut copy = Request::new(req.body().try_clone()?);
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    Some(copy)
+}
+
+impl Shared {
+    /// Waits for a token: reserved in order for normal requests (`reserved`, taken when the
+    /// request was made), or only a free one for low-priority requests. Whether it waited.
+    async fn throttle(
+        &self,
+        reserved: Option<std::time::Duration>,
+        method: &Method,
+        path: &str,
+    ) -> Result<bool, BoxError> {
+        let t = StdInstant::now();
+        let waited = match reserved {
+            Some(d) => {
+                if !d.is_zero() {
+                    tokio::time::sleep(d).await;
+                }
+                !d.is_zero()
+            }
+            None => {
+                let mut waited = false;
+                while let Err(d) = self.bucket.take_if_free() {
+                    waited = true;
+                    let elapsed = t.elapsed();
+                    if elapsed < LOW_PRIORITY_STARVED {
+                        tokio::time::sleep(d.min(LOW_PRIORITY_STARVED.saturating_sub(elapsed)))
+                            .await;
+                        continue;
+                    }
+                    // Starved: queue behind the writes already reserved, a few at a time.
+                    let patience = LOW_PRIORITY_PATIENCE.saturating_sub(elapsed);
+                    let permit = tokio::time::timeout(patience, self.starved.acquire()).await;
+                    let Ok(Ok(_permit)) = permit else {
+                        return Err(Box::new(BudgetExhausted {
+                            method: method.clone(),
+                            path: path.to_string(),
+                        }) as BoxError);
+                    };
+                    if self.bucket.take_if_free().is_err() {
+                        tokio::time::sleep(self.bucket.reserve()).await;
+                    }
+                    break;
+                }
+                waited
+            }
+        };
+        if waited {
+            self.metrics
+                .rate_limiter_wait
+                .get_or_create(&crate::metrics::NameLabel {
+                    name: self.controller.clone(),
+                })
+                .observe(t.elapsed().as_secs_f64());
+        }
+        Ok(waited)
+    }
+
+    fn reserve(&self) -> Option<std::time::Duration> {
+        (!self.low_priority).then(|| self.bucket.reserve())
+    }
+
+    fn fenced(&self, method: &Method) -> bool {
+        is_write(method) && self.fence.as_ref().is_some_and(|f| !f.may_write())
+    }
+
+    fn count<B>(&self, method: &Method, sent: StdInstant, res: &Result<Response<B>, BoxError>) {
+        self.metrics
+            .request_duration
+            .get_or_create(&crate::metrics::VerbHostLabels {
+                verb: method.to_string(),
+                host: self.host.clone(),
+            })
+            .observe(sent.elapsed().as_secs_f64());
+        let code = match res {
+            Ok(r) => r.status().as_u16().to_string(),
+            Err(_) => "<error>".to_string(),
+        };
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                code,
+                method: method.to_string(),
+                host: self.host.clone(),
+                controller: self.controller.clone(),
+            })
+            .inc();
+    }
+}
+
 impl<S, B> Service<Request<Body>> for ControllerService<S>
 where
-    S: Service<Request<Body>, Response = Response<B>>,
+    S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     B: Send + 'static,
@@ -184,8 +319,8 @@ where
     fn call(&mut self, mut req: Request<Body>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
         let method = req.method().clone();
-        if is_write(&method) && shared.fence.as_ref().is_some_and(|f| !f.may_write()) {
-            let path = req.uri().path().to_string();
+        let path = req.uri().path().to_string();
+        if shared.fenced(&method) {
             return Box::pin(async move { Err(Box::new(NotLeading { method, path }) as BoxError) });
         }
         req.headers_mut()
@@ -194,81 +329,41 @@ where
             req.headers_mut()
                 .insert(http::header::AUTHORIZATION, b.header());
         }
-        let delay = if shared.low_priority {
-            None
-        } else {
-            Some(shared.bucket.reserve())
-        };
-        let path = req.uri().path().to_string();
+        // Reserved now, so that requests keep the order they were made in.
+        let mut reserved = shared.reserve();
+        let mut again = resendable(&req);
+        let mut inner = self.inner.clone();
         // Futures are lazy: nothing is sent before the throttle delay has passed.
-        let fut = self.inner.call(req);
+        let mut fut = self.inner.call(req);
         Box::pin(async move {
-            let t = StdInstant::now();
-            let waited = match delay {
-                Some(d) => {
-                    if !d.is_zero() {
-                        tokio::time::sleep(d).await;
-                    }
-                    !d.is_zero()
+            let mut retries = 0u32;
+            loop {
+                shared.throttle(reserved, &method, &path).await?;
+                let sent = StdInstant::now();
+                let res = fut.await.map_err(Into::into);
+                shared.count(&method, sent, &res);
+                let wait = match &res {
+                    Ok(r) if retries < MAX_RETRY_AFTER => retry_after(r),
+                    _ => None,
+                };
+                let (Some(wait), Some(req)) = (wait, again.take()) else {
+                    return res;
+                };
+                again = resendable(&req);
+                retries = retries.saturating_add(1);
+                drop(res);
+                tracing::debug!(controller = %shared.controller, %method, %path, retries, ?wait, "the API server asked to retry later");
+                tokio::time::sleep(wait).await;
+                // A replica that stopped leading meanwhile sends no write.
+                if shared.fenced(&method) {
+                    return Err(Box::new(NotLeading { method, path }) as BoxError);
                 }
-                None => {
-                    let mut waited = false;
-                    while let Err(d) = shared.bucket.take_if_free() {
-                        waited = true;
-                        let elapsed = t.elapsed();
-                        if elapsed < LOW_PRIORITY_STARVED {
-                            tokio::time::sleep(d.min(LOW_PRIORITY_STARVED.saturating_sub(elapsed)))
-                                .await;
-                            continue;
-                        }
-                        // Starved: queue behind the writes already reserved, a few at a time.
-                        let patience = LOW_PRIORITY_PATIENCE.saturating_sub(elapsed);
-                        let permit = tokio::time::timeout(patience, shared.starved.acquire()).await;
-                        let Ok(Ok(_permit)) = permit else {
-                            return Err(Box::new(BudgetExhausted { method, path }) as BoxError);
-                        };
-                        if shared.bucket.take_if_free().is_err() {
-                            tokio::time::sleep(shared.bucket.reserve()).await;
-                        }
-                        break;
-                    }
-                    waited
-                }
-            };
-            if waited {
-                shared
-                    .metrics
-                    .rate_limiter_wait
-                    .get_or_create(&crate::metrics::NameLabel {
-                        name: shared.controller.clone(),
-                    })
-                    .observe(t.elapsed().as_secs_f64());
+                reserved = shared.reserve();
+                fut = tower::ServiceExt::ready(&mut inner)
+                    .await
+                    .map_err(Into::into)?
+                    .call(req);
             }
-            let sent = StdInstant::now();
-            let res = fut.await.map_err(Into::into);
-            shared
-                .metrics
-                .request_duration
-                .get_or_create(&crate::metrics::VerbHostLabels {
-                    verb: method.to_string(),
-                    host: shared.host.clone(),
-                })
-                .observe(sent.elapsed().as_secs_f64());
-            let code = match &res {
-                Ok(r) => r.status().as_u16().to_string(),
-                Err(_) => "<error>".to_string(),
-            };
-            shared
-                .metrics
-                .requests
-                .get_or_create(&RequestLabels {
-                    code,
-                    method: method.to_string(),
-                    host: shared.host.clone(),
-                    controller: shared.controller.clone(),
-                })
-                .inc();
-            res
         })
     }
 }
@@ -322,5 +417,142 @@ mod tests {
         );
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         assert_eq!(served.load(Ordering::SeqCst), 1);
+    }
+
+    /// A server answering its n-th request with `script[n]` (the last entry from then on):
+    /// (status, Retry-After). Returns its address and the instants requests arrived at.
+    async fn scripted(
+        script: Vec<(u16, Option<&'static str>)>,
+    ) -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<StdInstant>>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<std::sync::Mutex<Vec<StdInstant>>> = Arc::default();
+        let log = Arc::clone(&seen);
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let (log, script) = (Arc::clone(&log), script.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {
+                                let n = {
+                                    let mut l = log.lock().unwrap();
+                                    l.push(StdInstant::now());
+                                    l.len() - 1
+                                };
+                                let (code, after) = script[n.min(script.len() - 1)];
+                                let body = if code == 200 {
+                                    r#"{"kind":"Status","apiVersion":"v1","status":"Success","code":200}"#.to_string()
+                                } else {
+                                    format!(r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Too many requests, please try again later.","reason":"TooManyRequests","code":{code}}}"#)
+                                };
+                                let header = after
+                                    .map(|a| format!("Retry-After: {a}\r\n"))
+                                    .unwrap_or_default();
+                                let resp = format!(
+                                    "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\n{header}Content-Length: {}\r\n\r\n{body}",
+                                    body.len()
+                                );
+                                if sock.write_all(resp.as_bytes()).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    fn client_for(addr: std::net::SocketAddr, qps: f32, burst: u32) -> (Client, Arc<Metrics>) {
+        let config = Config::new(format!("http://{addr}").parse().unwrap());
+        let metrics = Metrics::new();
+        let client = build(&config, ClientSpec::new("test", qps, burst), &metrics).unwrap();
+        (client, metrics)
+    }
+
+    async fn delete_pod(client: Client) -> Result<(), kube::Error> {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, "ns");
+        pods.delete("p", &Default::default()).await.map(|_| ())
+    }
+
+    /// API priority and fairness' 429 with `Retry-After: 1`: the same request is sent again a
+    /// second later, each time through the controller's budget, and the caller sees only the
+    /// final answer.
+    #[tokio::test]
+    async fn retry_after_is_waited_out_then_resent() {
+        let (addr, seen) = scripted(vec![(429, Some("1")), (503, Some("1")), (200, None)]).await;
+        let (client, metrics) = client_for(addr, 100.0, 100);
+        let t = StdInstant::now();
+        delete_pod(client).await.unwrap();
+        let at = seen.lock().unwrap().clone();
+        assert_eq!(at.len(), 3);
+        assert!(at[1].duration_since(at[0]) >= std::time::Duration::from_millis(990));
+        assert!(at[2].duration_since(at[1]) >= std::time::Duration::from_millis(990));
+        assert!(t.elapsed() < std::time::Duration::from_secs(4));
+        let text = metrics.encode();
+        for code in ["429", "503", "200"] {
+            assert!(
+                text.contains(&format!("rest_client_requests_total{{code=\"{code}\",method=\"DELETE\"")),
+                "{code}\n{text}"
+            );
+        }
+    }
+
+    /// At most MAX_RETRY_AFTER re-sends; then the 429 is the caller's. Without `Retry-After`
+    /// (and on evictions) nothing is re-sent.
+    #[tokio::test]
+    async fn retry_after_is_bounded_and_needs_the_header() {
+        let (addr, seen) = scripted(vec![(429, Some("0"))]).await;
+        let (client, _) = client_for(addr, 1000.0, 1000);
+        let err = delete_pod(client).await.unwrap_err();
+        assert!(matches!(&err, kube::Error::Api(s) if s.code == 429), "{err:?}");
+        assert_eq!(seen.lock().unwrap().len(), 1 + MAX_RETRY_AFTER as usize);
+
+        let (addr, seen) = scripted(vec![(429, None)]).await;
+        let (client, _) = client_for(addr, 1000.0, 1000);
+        assert!(delete_pod(client).await.is_err());
+        assert_eq!(seen.lock().unwrap().len(), 1);
+
+        let (addr, seen) = scripted(vec![(429, Some("0"))]).await;
+        let (client, _) = client_for(addr, 1000.0, 1000);
+        let writer = crate::writer::Writer::from_client(client);
+        assert!(writer.evict("ns", "p", None).await.is_err());
+        assert_eq!(seen.lock().unwrap().len(), 1);
+    }
+
+    /// Each re-send takes a token: a 1 qps budget spaces them a second apart even when the
+    /// server asks for no wait.
+    #[tokio::test]
+    async fn retries_take_tokens() {
+        let (addr, seen) = scripted(vec![(429, Some("0")), (429, Some("0")), (200, None)]).await;
+        let (client, _) = client_for(addr, 1.0, 1);
+        delete_pod(client).await.unwrap();
+        let at = seen.lock().unwrap().clone();
+        assert_eq!(at.len(), 3);
+        assert!(at[2].duration_since(at[0]) >= std::time::Duration::from_millis(1900));
+    }
+
+    #[test]
+    fn retry_after_values() {
+        let res = |code: u16, h: Option<&str>| {
+            let mut b = Response::builder().status(code);
+            if let Some(h) = h {
+                b = b.header("Retry-After", h);
+            }
+            retry_after(&b.body(()).unwrap())
+        };
+        let s = std::time::Duration::from_secs;
+        assert_eq!(res(429, Some("3")), Some(s(3)));
+        assert_eq!(res(500, Some("1")), Some(s(1)));
+        assert_eq!(res(429, Some("-5")), Some(s(0)));
+        assert_eq!(res(429, Some("99999999999999999999")), None);
+        assert_eq!(res(429, Some("9223372036854775807")), Some(RETRY_AFTER_CAP));
+        assert_eq!(res(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")), None);
+        assert_eq!(res(409, Some("1")), None);
+        assert_eq!(res(429, None), None);
     }
 }
