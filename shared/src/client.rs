@@ -446,7 +446,9 @@ mod tests {
                                 let body = if code == 200 {
                                     r#"{"kind":"Status","apiVersion":"v1","status":"Success","code":200}"#.to_string()
                                 } else {
-                                    format!(r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Too many requests, please try again later.","reason":"TooManyRequests","code":{code}}}"#)
+                                    format!(
+                                        r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Too many requests, please try again later.","reason":"TooManyRequests","code":{code}}}"#
+                                    )
                                 };
                                 let header = after
                                     .map(|a| format!("Retry-After: {a}\r\n"))
@@ -496,7 +498,9 @@ mod tests {
         let text = metrics.encode();
         for code in ["429", "503", "200"] {
             assert!(
-                text.contains(&format!("rest_client_requests_total{{code=\"{code}\",method=\"DELETE\"")),
+                text.contains(&format!(
+                    "rest_client_requests_total{{code=\"{code}\",method=\"DELETE\""
+                )),
                 "{code}\n{text}"
             );
         }
@@ -509,7 +513,10 @@ mod tests {
         let (addr, seen) = scripted(vec![(429, Some("0"))]).await;
         let (client, _) = client_for(addr, 1000.0, 1000);
         let err = delete_pod(client).await.unwrap_err();
-        assert!(matches!(&err, kube::Error::Api(s) if s.code == 429), "{err:?}");
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.code == 429),
+            "{err:?}"
+        );
         assert_eq!(seen.lock().unwrap().len(), 1 + MAX_RETRY_AFTER as usize);
 
         let (addr, seen) = scripted(vec![(429, None)]).await;
