@@ -37,6 +37,43 @@ impl std::fmt::Debug for Metrics {
 
 pub type FloatGauge = Gauge<f64, AtomicU64>;
 
+/// A counter served under its family name, with no `_total`, as OpenMetrics type `unknown`.
+/// kube-controller-manager serves a few counters without the suffix
+/// (`endpoint_slice_controller_changes`, `..._syncs`, `endpoint_slice_mirroring_controller_changes`)
+/// in the Prometheus text format, where that is legal; an OpenMetrics counter's samples always
+/// end in `_total`, so queries written against kcm would find nothing.
+#[derive(Clone, Debug, Default)]
+pub struct UnsuffixedCounter(Counter);
+
+impl UnsuffixedCounter {
+    pub fn inc(&self) -> u64 {
+        self.0.inc()
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl prometheus_client::metrics::TypedMetric for UnsuffixedCounter {
+    const TYPE: prometheus_client::metrics::MetricType =
+        prometheus_client::metrics::MetricType::Unknown;
+}
+
+impl prometheus_client::encoding::EncodeMetric for UnsuffixedCounter {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        // A bare sample line (`name{labels} value`), as a gauge's or an unknown's is.
+        encoder.encode_gauge(&self.0.get())
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Unknown
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StaleSkipLabels {
     pub controller: String,
@@ -455,6 +492,26 @@ mod tests {
             1,
             "{text}"
         );
+    }
+
+    #[test]
+    fn unsuffixed_counters_keep_kcm_names() {
+        #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+        struct Op {
+            operation: String,
+        }
+        let m = Metrics::new();
+        let f = Family::<Op, UnsuffixedCounter>::default();
+        m.register("x_changes", "changes", f.clone());
+        let op = Op {
+            operation: "create".into(),
+        };
+        f.get_or_create(&op).inc();
+        f.get_or_create(&op).inc();
+        let text = m.encode();
+        assert!(text.contains("# TYPE x_changes unknown"), "{text}");
+        assert!(text.contains("x_changes{operation=\"create\"} 2"), "{text}");
+        assert!(!text.contains("x_changes_total"), "{text}");
     }
 
     fn sample(text: &str, name: &str) -> f64 {

@@ -4,7 +4,6 @@
 
 use crate::desired::SliceKey;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -36,7 +35,7 @@ pub struct Metrics {
     pub endpoints_desired: Gauge,
     pub num_slices: Gauge,
     pub desired_slices: Gauge,
-    pub changes: Family<Operation, Counter>,
+    pub changes: Family<Operation, shared::metrics::UnsuffixedCounter>,
     /// The process's registry (the runtime's shared `pilothouse_stale_cache_skips`).
     runtime: std::sync::Arc<shared::metrics::Metrics>,
     efficiency: Mutex<Efficiency>,

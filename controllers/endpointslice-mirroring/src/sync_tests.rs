@@ -310,7 +310,7 @@ async fn e11_mirroring_shape_limits_and_warnings() {
     );
     let text = kit.metrics.encode();
     assert!(
-        text.contains("endpoint_slice_mirroring_controller_changes_total{operation=\"create\"} 2"),
+        text.contains("endpoint_slice_mirroring_controller_changes{operation=\"create\"} 2"),
         "{text}"
     );
     assert!(

@@ -3,7 +3,6 @@
 
 use crate::endpoints::PortKey;
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -55,9 +54,9 @@ pub struct Metrics {
     pub endpoints_desired: Gauge,
     pub num_slices: Gauge,
     pub desired_slices: Gauge,
-    pub changes: Family<Operation, Counter>,
+    pub changes: Family<Operation, shared::metrics::UnsuffixedCounter>,
     pub changed_per_sync: Family<ChangedLabels, Histogram, DefaultBuckets>,
-    pub syncs: Family<SyncResult, Counter>,
+    pub syncs: Family<SyncResult, shared::metrics::UnsuffixedCounter>,
     pub by_distribution: Family<Distribution, Gauge>,
     pub retained: Family<ServiceLabels, Gauge>,
     /// The process's registry (for the runtime's shared families).

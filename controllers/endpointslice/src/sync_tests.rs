@@ -371,7 +371,7 @@ async fn es15_no_write_from_a_stale_cache() {
     assert!(
         kit.metrics
             .encode()
-            .contains("endpoint_slice_controller_syncs_total{result=\"stale\"}")
+            .contains("endpoint_slice_controller_syncs{result=\"stale\"}")
     );
     // Held back long enough for the key's backoff to grow past 16 s: the watch catching up
     // syncs it again within the slice delay, not at its next backoff.
@@ -767,5 +767,94 @@ async fn extremes_never_panic_or_stall_others() {
             .contains("pilothouse_reconcile_panics_total{"),
         "{}",
         kit.metrics.encode()
+    );
+}
+
+/// The value of one series in the kit's metrics text (0 when absent).
+fn series_value(kit: &Kit, series: &str) -> f64 {
+    kit.metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// B-11, ES-3: a Service whose sync keeps failing (every slice create answered 500) is never
+/// dropped. Through the real reconcile, the runtime's workers and the queue as `init` declares
+/// it, each of 22 consecutive failing syncs is followed by another attempt, the per-item
+/// backoff doubling from 1 s (1, 2, …, 512 s) and then staying at the 1000 s cap; once the API
+/// accepts the write, the slice is created. kube-controller-manager stops after 15 retries
+/// (maxRetries) and forgets the Service until its next event: here the 16th and later retries
+/// must happen.
+#[tokio::test(start_paused = true)]
+async fn b11_a_failing_service_is_retried_forever_at_the_cap() {
+    use std::sync::{Arc, Mutex};
+    use tokio::time::Instant;
+    const FAILURES: usize = 22;
+    const CAP: Duration = Duration::from_secs(1000);
+    let kit = Kit::new();
+    let attempts: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let seen = Arc::clone(&attempts);
+    kit.api.fail_when(move |c| {
+        if c.verb() != "create" || c.target().plural != "endpointslices" {
+            return None;
+        }
+        let mut seen = seen.lock().unwrap();
+        seen.push(Instant::now());
+        (seen.len() <= FAILURES)
+            .then(|| shared::testkit::api_error(500, "InternalError", "injected 500 InternalError"))
+    });
+    let _r = start(
+        &kit,
+        options(100),
+        vec![service(json!({}))],
+        vec![pod(0, true)],
+    );
+    let n = || attempts.lock().unwrap().len();
+    // 1 + 2 + … + 512 s, then 1000 s per failure: about 13,000 s of (paused) time.
+    let limit = Instant::now() + Duration::from_secs(20_000);
+    while (n() <= FAILURES || count(&kit, "create") < FAILURES + 1) && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        settle().await;
+    }
+    let at = attempts.lock().unwrap().clone();
+    assert_eq!(
+        at.len(),
+        FAILURES + 1,
+        "the Service was not retried after {} failures",
+        at.len()
+    );
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    for (i, gap) in gaps.iter().enumerate() {
+        let want = Duration::from_secs(1u64 << i.min(20)).min(CAP);
+        assert!(
+            *gap >= want && *gap < want + Duration::from_millis(50),
+            "retry {}: waited {gap:?}, want {want:?}; all: {gaps:?}",
+            i + 1
+        );
+    }
+    // Retries 11 to 22 all wait the cap: the backoff neither grows past it nor resets.
+    assert_eq!(
+        gaps.iter().filter(|g| g.as_secs() == CAP.as_secs()).count(),
+        FAILURES - 10
+    );
+    // Every failure was a failed sync re-queued with backoff; then the write went through.
+    assert_eq!(
+        series_value(&kit, "endpoint_slice_controller_syncs{result=\"error\"}"),
+        FAILURES as f64
+    );
+    assert_eq!(
+        series_value(&kit, "workqueue_retries_total{name=\"endpoint_slice\"}"),
+        FAILURES as f64
+    );
+    assert_eq!(stored(&kit).len(), 1);
+    assert_eq!(eps(&stored(&kit)[0]).len(), 1);
+    assert!(
+        kit.api
+            .events()
+            .iter()
+            .any(|(t, r, _)| t == "Warning" && r == "FailedToUpdateEndpointSlices"),
+        "{:?}",
+        kit.api.events()
     );
 }
