@@ -7,7 +7,7 @@ use crate::{DECLARATION, StatefulSetOptions, init};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use serde_json::{Value, json};
 use shared::pod::Pod;
-use shared::testkit::{Kit, Running, eventually};
+use shared::testkit::{Kit, Running, eventually, settle};
 use shared::writer::Call;
 use std::time::Duration;
 
@@ -383,5 +383,247 @@ async fn a_failed_create_is_an_event_with_the_api_message() {
         "{:?}",
         kit.api.events()
     );
+    running.stop().await;
+}
+
+/// `s` with `spec.template.spec.terminationGracePeriodSeconds` set to `grace`, or absent.
+fn with_grace(s: StatefulSet, grace: Option<i64>) -> StatefulSet {
+    let mut v = serde_json::to_value(s).unwrap();
+    let spec = v["spec"]["template"]["spec"].as_object_mut().unwrap();
+    match grace {
+        Some(g) => {
+            spec.insert("terminationGracePeriodSeconds".into(), json!(g));
+        }
+        None => {
+            spec.remove("terminationGracePeriodSeconds");
+        }
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+/// `s` renamed (name, UID, selector and pod labels), to run beside another set.
+fn renamed(s: StatefulSet, name: &str) -> StatefulSet {
+    let mut v = serde_json::to_value(s).unwrap();
+    v["metadata"]["name"] = json!(name);
+    v["metadata"]["uid"] = json!(format!("uid-{name}"));
+    v["spec"]["serviceName"] = json!(name);
+    v["spec"]["selector"]["matchLabels"]["app"] = json!(name);
+    v["spec"]["template"]["metadata"]["labels"]["app"] = json!(name);
+    serde_json::from_value(v).unwrap()
+}
+
+/// The watch catches up with every object of one kind: each whose stored resourceVersion differs
+/// from the cached one (or that is gone from the tracker) is delivered.
+fn catch_up_kind<K: shared::informers::Watched>(kit: &Kit) {
+    let key = |m: &kube::api::ObjectMeta| {
+        (
+            m.namespace.clone().unwrap_or_default(),
+            m.name.clone().unwrap_or_default(),
+            m.resource_version.clone(),
+        )
+    };
+    let stored: Vec<_> = kit
+        .api
+        .objects::<K>()
+        .iter()
+        .map(|o| key(o.meta()))
+        .collect();
+    let cached: Vec<_> = kit
+        .informers
+        .testkit_get::<K>()
+        .list()
+        .iter()
+        .map(|o| key(o.meta()))
+        .collect();
+    for (ns, name, rv) in stored.iter().chain(&cached) {
+        let same = |(n, m, r): &(String, String, Option<String>)| n == ns && m == name && r == rv;
+        if !(stored.iter().any(same) && cached.iter().any(same)) {
+            kit.observe::<K>(ns, name);
+        }
+    }
+}
+
+/// The watch catches up with everything the set's syncs wrote (ST-44 lets the next sync act).
+fn catch_up(kit: &Kit) {
+    catch_up_kind::<StatefulSet>(kit);
+    catch_up_kind::<Pod>(kit);
+    catch_up_kind::<ControllerRevision>(kit);
+}
+
+/// Status writes (attempted, failed ones included) carrying `observedGeneration: generation`:
+/// each is one whole sync of that generation (a sync writes status at most once).
+fn status_attempts(kit: &Kit, generation: i64) -> usize {
+    status_writes(kit)
+        .iter()
+        .filter(|s| s["observedGeneration"] == generation)
+        .count()
+}
+
+/// Fails the next `times` status writes of the set with a 500 (each fails its sync, which is
+/// retried: another whole sync of the same generation).
+fn fail_status_writes(kit: &Kit, times: usize) {
+    let mut left = times;
+    kit.api.fail_when(move |c| match c {
+        Call::Replace(t, _)
+            if left > 0
+                && t.plural == "statefulsets"
+                && t.subresource.as_deref() == Some("status") =>
+        {
+            left -= 1;
+            Some(shared::testkit::api_error(
+                500,
+                "InternalError",
+                "injected 500 InternalError",
+            ))
+        }
+        _ => None,
+    });
+}
+
+/// How many times `UnsafeZeroGracePeriod` was reported, and the stored events carrying it:
+/// the recorder writes a repeat as a count bump of the same Event, so the counts are summed.
+fn zero_grace_events(kit: &Kit) -> (i32, Vec<k8s_openapi::api::core::v1::Event>) {
+    let events: Vec<k8s_openapi::api::core::v1::Event> = kit
+        .api
+        .objects::<k8s_openapi::api::core::v1::Event>()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("UnsafeZeroGracePeriod"))
+        .collect();
+    (events.iter().map(|e| e.count.unwrap_or(1)).sum(), events)
+}
+
+/// The value of one series in the kit's metrics text, if present.
+fn series(kit: &Kit, series: &str) -> Option<String> {
+    kit.metrics.encode().lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .map(str::to_string)
+    })
+}
+
+fn zero_grace_gauge(kit: &Kit, set: &str) -> Option<String> {
+    series(
+        kit,
+        &format!(
+            "pilothouse_statefulset_zero_grace_period{{namespace=\"ns\",statefulset=\"{set}\"}}"
+        ),
+    )
+}
+
+/// B-7, ST-39, §7: `terminationGracePeriodSeconds: 0` gets one Warning `UnsafeZeroGracePeriod`
+/// on the set, naming the field, per generation: several syncs of one generation (each status
+/// write fails, so each retry is a whole sync) add nothing; a new generation, still zero, warns
+/// once more; a new generation with a positive grace period does not, and the gauge follows
+/// (1, then 0).
+#[tokio::test(start_paused = true)]
+async fn b7_zero_grace_period_warns_once_per_generation() {
+    let kit = Kit::new();
+    fail_status_writes(&kit, 3);
+    let running = start(&kit, vec![with_grace(set(1, "Parallel"), Some(0))], vec![]);
+    // Generation 1: four whole syncs (three failed status writes, then one that succeeds).
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            catch_up(&kit);
+            status_attempts(&kit, 1) >= 4
+        })
+        .await,
+        "{:?}",
+        status_writes(&kit)
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    catch_up(&kit);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    settle().await;
+    let (count, events) = zero_grace_events(&kit);
+    assert_eq!(count, 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(e.involved_object.kind.as_deref(), Some("StatefulSet"));
+    assert_eq!(e.involved_object.name.as_deref(), Some("web"));
+    assert_eq!(e.involved_object.uid.as_deref(), Some("uid-web"));
+    assert!(
+        e.message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("spec.template.spec.terminationGracePeriodSeconds"),
+        "{e:?}"
+    );
+    assert_eq!(zero_grace_gauge(&kit, "web").as_deref(), Some("1"));
+
+    // Generation 2, still zero (a new image): one more warning over three whole syncs.
+    fail_status_writes(&kit, 2);
+    let mut next = kit.api.object::<StatefulSet>("ns", "web").unwrap();
+    next.spec.as_mut().unwrap().template["spec"]["containers"][0]["image"] = json!("nginx:2");
+    let next = kit.writer().replace(&next).await.unwrap();
+    assert_eq!(next.metadata.generation, Some(2));
+    kit.observe::<StatefulSet>("ns", "web");
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            catch_up(&kit);
+            status_attempts(&kit, 2) >= 3
+        })
+        .await,
+        "{:?}",
+        status_writes(&kit)
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    settle().await;
+    let (count, events) = zero_grace_events(&kit);
+    assert_eq!(count, 2, "{events:?}");
+    assert_eq!(zero_grace_gauge(&kit, "web").as_deref(), Some("1"));
+
+    // Generation 3 with a positive grace period: no warning, the gauge drops to 0.
+    let next = with_grace(
+        kit.api.object::<StatefulSet>("ns", "web").unwrap(),
+        Some(30),
+    );
+    let next = kit.writer().replace(&next).await.unwrap();
+    assert_eq!(next.metadata.generation, Some(3));
+    kit.observe::<StatefulSet>("ns", "web");
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            catch_up(&kit);
+            status_attempts(&kit, 3) >= 1
+        })
+        .await,
+        "{:?}",
+        status_writes(&kit)
+    );
+    settle().await;
+    assert_eq!(zero_grace_events(&kit).0, 2, "{:?}", kit.api.events());
+    assert_eq!(zero_grace_gauge(&kit, "web").as_deref(), Some("0"));
+    running.stop().await;
+}
+
+/// B-7: a positive or absent grace period (the API's default is 30 s) is not warned about; the
+/// gauge says 0 for each set.
+#[tokio::test(start_paused = true)]
+async fn b7_a_positive_or_absent_grace_period_is_not_warned() {
+    let kit = Kit::new();
+    let positive = with_grace(set(1, "Parallel"), Some(30));
+    let absent = with_grace(renamed(set(1, "Parallel"), "db"), None);
+    let running = start(&kit, vec![positive, absent], vec![]);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            catch_up(&kit);
+            status_attempts(&kit, 1) >= 2
+        })
+        .await,
+        "{:?}",
+        status_writes(&kit)
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    settle().await;
+    assert_eq!(zero_grace_events(&kit).0, 0, "{:?}", kit.api.events());
+    assert!(
+        kit.api
+            .events()
+            .iter()
+            .all(|(_, reason, _)| reason != "UnsafeZeroGracePeriod"),
+        "{:?}",
+        kit.api.events()
+    );
+    assert_eq!(zero_grace_gauge(&kit, "web").as_deref(), Some("0"));
+    assert_eq!(zero_grace_gauge(&kit, "db").as_deref(), Some("0"));
     running.stop().await;
 }
