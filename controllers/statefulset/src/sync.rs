@@ -42,8 +42,8 @@ pub struct StatefulSets {
     pub clock: Arc<dyn Clock>,
     pub metrics: Metrics,
     consistency: Consistency,
-    /// B-7: the generation each set was last warned about, by UID.
-    zero_grace_warned: Mutex<HashMap<String, i64>>,
+    /// B-7, per set key: the (UID, generation) last warned about (B-7).
+    zero_grace_warned: Mutex<HashMap<String, (String, i64)>>,
     /// ST-15: (set UID, generation, revision resourceVersion) → equal once defaulted.
     defaulted_matches: Mutex<HashMap<(String, i64, String), bool>>,
 }
@@ -158,6 +158,7 @@ impl StatefulSets {
         }
         let Some(set) = self.c.sets.get(key) else {
             self.consistency.forget(key);
+            self.forget_set(key);
             return Ok(Next::Done);
         };
         let selector = set.spec.as_ref().and_then(|s| s.selector.as_ref());
@@ -542,18 +543,41 @@ impl StatefulSets {
         if !zero {
             return;
         }
-        let generation = set.metadata.generation.unwrap_or(0);
+        let seen = (set.uid().to_string(), set.metadata.generation.unwrap_or(0));
+        let key = format!("{}/{}", set.namespace(), set.name());
         let mut warned = lock(&self.zero_grace_warned);
-        if warned.get(set.uid()) == Some(&generation) {
+        if warned.get(&key) == Some(&seen) {
             return;
         }
-        warned.insert(set.uid().into(), generation);
+        warned.insert(key, seen);
         self.events.warning(
             &shared::refs::object_reference(set),
             "UnsafeZeroGracePeriod",
             "Sync",
             "spec.template.spec.terminationGracePeriodSeconds is 0: a replacement pod may start while the old one still runs on the same volume (kubernetes#120671)".to_string(),
         );
+    }
+
+    /// A deleted set leaves no series and no memory behind (upstream keeps its gauges until
+    /// the process restarts).
+    fn forget_set(&self, key: &str) {
+        let Some((namespace, name)) = key.split_once('/') else {
+            return;
+        };
+        for policy in ["OrderedReady", "Parallel"] {
+            let labels = SetLabels {
+                statefulset_namespace: namespace.into(),
+                statefulset_name: name.into(),
+                pod_management_policy: policy.into(),
+            };
+            self.metrics.max_unavailable.remove(&labels);
+            self.metrics.unavailable.remove(&labels);
+        }
+        self.metrics.zero_grace.remove(&ZeroGraceLabels {
+            namespace: namespace.into(),
+            statefulset: name.into(),
+        });
+        lock(&self.zero_grace_warned).remove(key);
     }
 
     fn set_gauges(&self, set: &StatefulSet, max_unavailable: i64, unavailable: i64) {

@@ -627,3 +627,35 @@ async fn b7_a_positive_or_absent_grace_period_is_not_warned() {
     assert_eq!(zero_grace_gauge(&kit, "db").as_deref(), Some("0"));
     running.stop().await;
 }
+
+/// A deleted set's series are removed and its B-7 memory dropped (upstream keeps its gauges
+/// until the process restarts).
+#[tokio::test(start_paused = true)]
+async fn a_deleted_set_leaves_no_series() {
+    let kit = Kit::new();
+    let running = start(&kit, vec![with_grace(set(1, "Parallel"), Some(0))], vec![]);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            catch_up(&kit);
+            zero_grace_gauge(&kit, "web").as_deref() == Some("1")
+        })
+        .await
+    );
+    let text = kit.metrics.encode();
+    assert!(
+        text.contains("statefulset_controller_statefulset_max_unavailable{statefulset_namespace=\"ns\",statefulset_name=\"web\""),
+        "{text}"
+    );
+    kit.remove(kit.api.object::<StatefulSet>("ns", "web").unwrap());
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            zero_grace_gauge(&kit, "web").is_none()
+        })
+        .await,
+        "{}",
+        kit.metrics.encode()
+    );
+    let text = kit.metrics.encode();
+    assert!(!text.contains("statefulset_name=\"web\""), "{text}");
+    running.stop().await;
+}
