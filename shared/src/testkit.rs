@@ -420,8 +420,11 @@ impl FakeApi {
                     let content = |o: &Value| {
                         let mut o = o.clone();
                         if let Some(m) = o.as_object_mut() {
-                            m.remove("metadata");
-                            m.remove("status");
+                            // apiVersion and kind are the request's framing, not content:
+                            // a seeded object stored without them must not move generation.
+                            for k in ["metadata", "status", "apiVersion", "kind"] {
+                                m.remove(k);
+                            }
                             m.retain(|_, v| !v.is_null());
                         }
                         o
