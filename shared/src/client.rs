@@ -211,7 +211,21 @@ fn resendable(req: &Request<Body>) -> Option<Request<Body>> {
     *copy.uri_mut() = req.uri().clone();
     *copy.version_mut() = req.version();
     *copy.headers_mut() = req.headers().clone();
+    *copy.extensions_mut() = req.extensions().clone();
     Some(copy)
+}
+
+/// Reads what little a refused answer has (client-go reads up to 2 KiB), so the connection
+/// carries the retry instead of being closed with the unread body.
+async fn discard<B: http_body::Body>(res: Response<B>) {
+    use http_body_util::BodyExt;
+    let mut body = Box::pin(res.into_body());
+    for _ in 0..4 {
+        match tokio::time::timeout(std::time::Duration::from_secs(1), body.frame()).await {
+            Ok(Some(Ok(_))) => {}
+            _ => return,
+        }
+    }
 }
 
 impl Shared {
@@ -306,7 +320,7 @@ where
     S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
-    B: Send + 'static,
+    B: http_body::Body + Send + 'static,
 {
     type Response = Response<B>;
     type Error = BoxError;
@@ -331,7 +345,13 @@ where
         }
         // Reserved now, so that requests keep the order they were made in.
         let mut reserved = shared.reserve();
-        let mut again = resendable(&req);
+        // Events are not re-sent: under throttling they may wait or be dropped, and one must
+        // not hold its task for an hour of patience and Retry-After.
+        let mut again = if shared.low_priority {
+            None
+        } else {
+            resendable(&req)
+        };
         let mut inner = self.inner.clone();
         // Futures are lazy: nothing is sent before the throttle delay has passed.
         let mut fut = self.inner.call(req);
@@ -346,12 +366,28 @@ where
                     Ok(r) if retries < MAX_RETRY_AFTER => retry_after(r),
                     _ => None,
                 };
-                let (Some(wait), Some(req)) = (wait, again.take()) else {
+                let (Some(wait), Some(mut req)) = (wait, again.take()) else {
                     return res;
                 };
                 again = resendable(&req);
                 retries = retries.saturating_add(1);
-                drop(res);
+                if let Ok(r) = res {
+                    shared
+                        .metrics
+                        .retries
+                        .get_or_create(&crate::metrics::RetryLabels {
+                            code: r.status().as_u16().to_string(),
+                            method: method.to_string(),
+                            host: shared.host.clone(),
+                        })
+                        .inc();
+                    discard(r).await;
+                }
+                // A token renewed meanwhile is the one to send.
+                if let Some(b) = &shared.bearer {
+                    req.headers_mut()
+                        .insert(http::header::AUTHORIZATION, b.header());
+                }
                 tracing::debug!(controller = %shared.controller, %method, %path, retries, ?wait, "the API server asked to retry later");
                 tokio::time::sleep(wait).await;
                 // A replica that stopped leading meanwhile sends no write.
@@ -496,6 +532,10 @@ mod tests {
         assert!(at[2].duration_since(at[1]) >= std::time::Duration::from_millis(990));
         assert!(t.elapsed() < std::time::Duration::from_secs(4));
         let text = metrics.encode();
+        assert!(
+            text.contains("rest_client_request_retries_total{code=\"429\",method=\"DELETE\""),
+            "{text}"
+        );
         for code in ["429", "503", "200"] {
             assert!(
                 text.contains(&format!(
@@ -528,6 +568,17 @@ mod tests {
         let (client, _) = client_for(addr, 1000.0, 1000);
         let writer = crate::writer::Writer::from_client(client);
         assert!(writer.evict("ns", "p", None).await.is_err());
+        assert_eq!(seen.lock().unwrap().len(), 1);
+
+        // Events (low priority) are not re-sent either.
+        let (addr, seen) = scripted(vec![(429, Some("0"))]).await;
+        let config = Config::new(format!("http://{addr}").parse().unwrap());
+        let spec = ClientSpec {
+            low_priority: true,
+            ..ClientSpec::new("test", 1000.0, 1000)
+        };
+        let client = build(&config, spec, &Metrics::new()).unwrap();
+        assert!(delete_pod(client).await.is_err());
         assert_eq!(seen.lock().unwrap().len(), 1);
     }
 

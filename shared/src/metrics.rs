@@ -116,6 +116,16 @@ pub struct RestClientMetrics {
     /// client-go's `rest_client_request_duration_seconds{verb,host}`: from sending a request
     /// (after the rate limiter) to its response headers.
     pub request_duration: Family<VerbHostLabels, Histogram, fn() -> Histogram>,
+    /// client-go's `rest_client_request_retries_total{code,method,host}`: re-sends the server
+    /// asked for with `Retry-After`, by the answer that asked.
+    pub retries: Family<RetryLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub code: String,
+    pub method: String,
+    pub host: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -330,7 +340,13 @@ impl Metrics {
                     requests: Family::default(),
                     rate_limiter_wait: Family::new_with_constructor(latency_histogram),
                     request_duration: Family::new_with_constructor(request_duration_histogram),
+                    retries: Family::default(),
                 };
+                self.register(
+                    "rest_client_request_retries",
+                    "Number of request retries, partitioned by status code, verb, and host",
+                    m.retries.clone(),
+                );
                 self.register(
                     "rest_client_request_duration_seconds",
                     "Request latency in seconds. Broken down by verb, and host",
