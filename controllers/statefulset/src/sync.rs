@@ -590,6 +590,18 @@ impl StatefulSets {
                 .and_then(|s| s.pod_management_policy.clone())
                 .unwrap_or_else(|| "OrderedReady".into()),
         };
+        // A set recreated under the same name with the other policy (the field is immutable)
+        // between two syncs leaves no series of the old one.
+        let other = SetLabels {
+            pod_management_policy: if labels.pod_management_policy == "Parallel" {
+                "OrderedReady".into()
+            } else {
+                "Parallel".into()
+            },
+            ..labels.clone()
+        };
+        self.metrics.max_unavailable.remove(&other);
+        self.metrics.unavailable.remove(&other);
         self.metrics
             .max_unavailable
             .get_or_create(&labels)
