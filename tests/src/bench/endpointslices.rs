@@ -691,8 +691,8 @@ fn synced_in_log(side: Side, text: &str) -> bool {
     }
 }
 
-/// `endpoint_slice_controller_syncs` (upstream; `_total` in Pilothouse's OpenMetrics) summed
-/// over results, or `None` if /metrics could not be read or has no such series.
+/// `endpoint_slice_controller_syncs` (both sides; Pilothouse served it as `..._total` before
+/// 92261b4, which older binaries still do) summed over results, or `None` if /metrics could not be read or has no such series.
 async fn syncs(url: &str) -> Option<f64> {
     let out = tokio::process::Command::new("curl")
         .args(["-sk", "--max-time", "5", url])
