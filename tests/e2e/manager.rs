@@ -950,21 +950,42 @@ async fn manifests_are_accepted() -> Result<()> {
     let bin = std::process::Command::new(pilothouse_tests::repo_root().join("tests/cluster/build"))
         .output()?;
     let bin = String::from_utf8(bin.stdout)?.trim().to_string();
-    let out = std::process::Command::new(format!("{bin}/kubectl"))
-        .arg(format!("--kubeconfig={}", cluster().kubeconfig.display()))
-        .args(["apply", "--dry-run=server", "-f"])
-        .arg(pilothouse_tests::repo_root().join("manifests"))
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let manifests = pilothouse_tests::repo_root().join("manifests");
+    let dry_run = |how: &str, path: &std::path::Path| -> Result<String> {
+        let out = std::process::Command::new(format!("{bin}/kubectl"))
+            .arg(format!("--kubeconfig={}", cluster().kubeconfig.display()))
+            .args(["apply", "--dry-run=server", how])
+            .arg(path)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "{}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // The Kustomize base as an operator applies it, then every manifest outside it.
+    let text = dry_run("-k", &manifests)?;
     ensure!(
         text.contains("deployment.apps/pilothouse created (server dry run)"),
         "{text}"
     );
+    let base = std::fs::read_to_string(manifests.join("kustomization.yaml"))?;
+    for entry in std::fs::read_dir(&manifests)? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        if path.extension().is_some_and(|e| e == "yaml")
+            && name != "kustomization.yaml"
+            && !base.contains(&format!("- {name}"))
+        {
+            dry_run("-f", &path)?;
+        }
+    }
     Ok(())
 }
 

@@ -731,9 +731,10 @@ async fn differential() -> Result<()> {
             ..Default::default()
         },
     )?;
+    // As its ServiceAccount with the shipped RBAC, as the e2e suite runs it.
     let ph = Pilothouse::spawn(
         "sdiff-pilothouse",
-        &ours.kubeconfig,
+        &ours.pilothouse_service_account_kubeconfig()?,
         &ours.dir,
         &["--controllers=statefulset-controller".to_string()],
     )?;
@@ -921,7 +922,7 @@ async fn s14_takeover() -> Result<()> {
     let before = handover_state(&client).await?;
     let ph = Pilothouse::spawn(
         "s14-pilothouse",
-        &cluster.kubeconfig,
+        &cluster.pilothouse_service_account_kubeconfig()?,
         &cluster.dir,
         &["--controllers=statefulset-controller".to_string()],
     )?;

@@ -199,7 +199,95 @@ impl Cluster {
     /// as `tests/cluster/up` started it (the running process's own arguments and zone
     /// database), as an operator edits its static pod manifest; returns once it is healthy.
     pub async fn restart_kube_controller_manager(&self, controllers: &str) -> Result<()> {
-        let pid_file = self.dir.join("pids/kube-controller-manager");
+        let port = std::fs::read_to_string(self.dir.join("ports/kube-controller-manager"))?;
+        let url = format!("https://127.0.0.1:{}/healthz", port.trim());
+        self.restart("kube-controller-manager", Self::DRAIN, |argv| {
+            ensure!(
+                argv.iter().any(|a| a.starts_with("--controllers=")),
+                "kube-controller-manager has no --controllers: {argv:?}"
+            );
+            Ok(argv
+                .into_iter()
+                .map(|a| {
+                    if a.starts_with("--controllers=") {
+                        format!("--controllers={controllers}")
+                    } else {
+                        a
+                    }
+                })
+                .collect())
+        })
+        .await?;
+        self.wait_healthy(
+            "kube-controller-manager",
+            &["-skf", "--max-time", "2", &url],
+        )
+        .await
+    }
+
+    /// Restarts kube-apiserver (SIGTERM, SIGKILL after `grace` as a kubelet does at a pod's
+    /// termination grace period, then the same command line; etcd keeps the data) and returns
+    /// once it is ready; clients see refused connections meanwhile. (Left alone it drains open
+    /// watches for its 60 s shutdown timeout.)
+    pub async fn restart_kube_apiserver(&self, grace: std::time::Duration) -> Result<()> {
+        self.restart("kube-apiserver", grace, Ok).await?;
+        let pki = self.dir.join("pki");
+        let url = format!("https://127.0.0.1:{}/readyz", self.apiserver_port()?);
+        let (ca, cert, key) = (
+            pki.join("ca.crt"),
+            pki.join("admin.crt"),
+            pki.join("admin.key"),
+        );
+        self.wait_healthy(
+            "kube-apiserver",
+            &[
+                "-sf",
+                "--max-time",
+                "2",
+                "--cacert",
+                &ca.to_string_lossy(),
+                "--cert",
+                &cert.to_string_lossy(),
+                "--key",
+                &key.to_string_lossy(),
+                &url,
+            ],
+        )
+        .await
+    }
+
+    /// Restarts etcd (SIGTERM, then the same command line and data directory) and returns once
+    /// it is healthy; the API server stays up and retries.
+    pub async fn restart_etcd(&self) -> Result<()> {
+        let mut url = String::new();
+        self.restart("etcd", Self::DRAIN, |argv| {
+            url = argv
+                .iter()
+                .find_map(|a| a.strip_prefix("--listen-client-urls="))
+                .context("etcd has no --listen-client-urls")?
+                .to_string();
+            Ok(argv)
+        })
+        .await?;
+        self.wait_healthy(
+            "etcd",
+            &["-sf", "--max-time", "2", &format!("{url}/health")],
+        )
+        .await
+    }
+
+    /// Stops the control-plane process `name` (its pid file under `pids/`) with SIGTERM and
+    /// starts it again with `edit(its argv)` and its `ZONEINFO`, as `tests/cluster/up` starts it.
+    /// How long a restarted process may take to stop before it is killed.
+    const DRAIN: std::time::Duration = std::time::Duration::from_secs(70);
+
+    async fn restart(
+        &self,
+        name: &str,
+        grace: std::time::Duration,
+        edit: impl FnOnce(Vec<String>) -> Result<Vec<String>>,
+    ) -> Result<()> {
+        let pid_file = self.dir.join(format!("pids/{name}"));
         let pid: i32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
         let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))?
             .split(|b| *b == 0)
@@ -212,14 +300,12 @@ impl Cluster {
                 v.strip_prefix(b"ZONEINFO=")
                     .map(|z| String::from_utf8_lossy(z).into_owned())
             });
-        ensure!(
-            argv.iter().any(|a| a.starts_with("--controllers=")),
-            "kube-controller-manager (pid {pid}) has no --controllers: {argv:?}"
-        );
+        let args = edit(argv)?;
         // SAFETY: kill(2) on the control plane's own child process.
         unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        // A kcm this function started is our child: reap it (a zombie keeps its /proc entry).
+        let soft = std::time::Instant::now() + grace;
+        let hard = soft + std::time::Duration::from_secs(10);
+        // A process this function started is our child: reap it (a zombie keeps its /proc entry).
         let running = || {
             // SAFETY: waitpid(2) with WNOHANG on a pid; it fails harmlessly if not our child.
             unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
@@ -229,27 +315,16 @@ impl Cluster {
             })
         };
         while running() {
-            ensure!(
-                std::time::Instant::now() < deadline,
-                "kube-controller-manager (pid {pid}) did not stop"
-            );
+            let now = std::time::Instant::now();
+            ensure!(now < hard, "{name} (pid {pid}) did not stop");
+            if now >= soft {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        let args: Vec<String> = argv
-            .into_iter()
-            .map(|a| {
-                if a.starts_with("--controllers=") {
-                    format!("--controllers={controllers}")
-                } else {
-                    a
-                }
-            })
-            .collect();
         let n = std::fs::read_dir(self.dir.join("logs"))?.count();
-        let log = std::fs::File::create(
-            self.dir
-                .join(format!("logs/kube-controller-manager-{n}.log")),
-        )?;
+        let log = std::fs::File::create(self.dir.join(format!("logs/{name}-{n}.log")))?;
         let mut cmd = Command::new("setsid");
         cmd.args(&args)
             .stdin(std::process::Stdio::null())
@@ -258,14 +333,17 @@ impl Cluster {
         if let Some(z) = zoneinfo {
             cmd.env("ZONEINFO", z);
         }
-        let child = cmd.spawn().context("starting kube-controller-manager")?;
+        let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         std::fs::write(&pid_file, format!("{}\n", child.id()))?;
-        let port = std::fs::read_to_string(self.dir.join("ports/kube-controller-manager"))?;
-        let url = format!("https://127.0.0.1:{}/healthz", port.trim());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        Ok(())
+    }
+
+    /// Polls `curl <args>` until it succeeds (90 s at most, as `tests/cluster/up` waits).
+    async fn wait_healthy(&self, name: &str, curl: &[&str]) -> Result<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
         loop {
             let ok = Command::new("curl")
-                .args(["-skf", &url])
+                .args(curl)
                 .output()
                 .is_ok_and(|o| o.status.success());
             if ok {
@@ -273,7 +351,7 @@ impl Cluster {
             }
             ensure!(
                 std::time::Instant::now() < deadline,
-                "kube-controller-manager did not become healthy after the restart"
+                "{name} did not become healthy after the restart"
             );
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         }

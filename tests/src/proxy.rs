@@ -68,9 +68,13 @@ impl Proxy {
         *g = CancellationToken::new();
     }
 
-    /// Lets traffic through again.
+    /// Lets traffic through again; connections accepted while cut are dropped, so that their
+    /// clients reconnect instead of waiting on them forever.
     pub fn heal(&self) {
         self.cut.store(false, Ordering::SeqCst);
+        let mut g = self.conns.lock().expect("proxy lock");
+        g.cancel();
+        *g = CancellationToken::new();
     }
 }
 
