@@ -407,53 +407,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// A 429 reaches the caller after one request: no transparent re-sends beneath the
-    /// controller's budget (a PodDisruptionBudget's refusal must be classified, not retried).
-    #[tokio::test]
-    async fn a_429_is_answered_once_not_retried() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let served = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&served);
-        tokio::spawn(async move {
-            while let Ok((mut sock, _)) = listener.accept().await {
-                let count = Arc::clone(&count);
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 65536];
-                    loop {
-                        match sock.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => {
-                                count.fetch_add(1, Ordering::SeqCst);
-                                let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"Cannot evict pod as it would violate the pod's disruption budget.","reason":"TooManyRequests","code":429}"#;
-                                let resp = format!(
-                                    "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                                    body.len()
-                                );
-                                if sock.write_all(resp.as_bytes()).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        let config = Config::new(format!("http://{addr}").parse().unwrap());
-        let metrics = Metrics::new();
-        let client = build(&config, ClientSpec::new("test", 100.0, 100), &metrics).unwrap();
-        let writer = crate::writer::Writer::from_client(client);
-        let err = writer.evict("ns", "p", None).await.unwrap_err();
-        assert!(
-            matches!(&err, kube::Error::Api(s) if s.code == 429),
-            "{err:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        assert_eq!(served.load(Ordering::SeqCst), 1);
-    }
 
     /// A server answering its n-th request with `script[n]` (the last entry from then on):
     /// (status, Retry-After). Returns its address and the instants requests arrived at.
@@ -547,7 +501,8 @@ mod tests {
     }
 
     /// At most MAX_RETRY_AFTER re-sends; then the 429 is the caller's. Without `Retry-After`
-    /// (and on evictions) nothing is re-sent.
+    /// nothing is re-sent, and evictions never are (a PodDisruptionBudget's refusal is the
+    /// controller's to classify and back off from; kube's own retries held a worker for minutes).
     #[tokio::test]
     async fn retry_after_is_bounded_and_needs_the_header() {
         let (addr, seen) = scripted(vec![(429, Some("0"))]).await;

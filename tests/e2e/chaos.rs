@@ -11,7 +11,7 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use pilothouse_tests::cluster::ClusterOptions;
 use pilothouse_tests::harness::{cluster, log_dir, trial};
 use pilothouse_tests::jobs::{self, Jobs};
@@ -194,27 +194,6 @@ impl Replicas {
     }
 }
 
-/// Every Job minute of CronJob `name` (its Jobs are named `<name>-<minutes since the epoch>`).
-async fn cron_slots(j: &Jobs, name: &str) -> Result<Vec<i64>> {
-    let mut slots: Vec<i64> = j
-        .jobs
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter_map(|job| {
-            job.metadata
-                .name
-                .as_deref()?
-                .strip_prefix(&format!("{name}-"))?
-                .parse()
-                .ok()
-        })
-        .collect();
-    slots.sort_unstable();
-    Ok(slots)
-}
-
 async fn mixed_workload_under_faults() -> Result<()> {
     let client = cluster().client().await?;
     let ns = cluster().namespace("chaos").await?;
@@ -246,23 +225,9 @@ async fn mixed_workload_under_faults() -> Result<()> {
     };
 
     // The workload.
-    let node = format!("{ns}-n");
-    k8s::create_kwok_node(&client, &node, "zone-chaos").await?;
-    k8s::modify_taints(&client, &node, |ts| {
-        ts.push(k8s::taint(TAINT, "", "NoExecute"))
-    })
-    .await?;
-    let tolerations = json!([
-        {"key": TAINT, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION_SECONDS},
-        {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
-    ]);
-    j.pods
-        .create(
-            &PostParams::default(),
-            &k8s::pod_on_node("victim", &node, tolerations)?,
-        )
-        .await?;
-    let victim_created = Timestamp::now();
+    let victim_created =
+        k8s::tolerating_pod_on_tainted_node(&client, &ns, "zone-chaos", TAINT, TOLERATION_SECONDS)
+            .await?;
     let complete = [("plain", 12), ("indexed", 8), ("late", 6)];
     j.create(&jobs::job(
         "plain",
@@ -353,23 +318,8 @@ async fn mixed_workload_under_faults() -> Result<()> {
 
     // Exact results.
     for (name, completions) in complete {
-        let job = j.wait_finished(name, Duration::from_secs(180)).await?;
-        let (active, _, terminating, succeeded, failed) = jobs::counts(&job);
-        ensure!(
-            (active, terminating, succeeded, failed) == (0, 0, completions, 0),
-            "{name}: active {active} terminating {terminating} succeeded {succeeded} failed {failed}"
-        );
-        ensure!(
-            jobs::condition(&job, "Complete").is_some(),
-            "{name} not Complete: {:?}",
-            job.status
-        );
-        let pods = j.pods_of(name).await?;
-        ensure!(
-            pods.len() == completions as usize,
-            "{name}: {} pods for {completions} completions",
-            pods.len()
-        );
+        j.expect_complete(name, completions, Duration::from_secs(180))
+            .await?;
     }
     let indexed = j.get("indexed").await?;
     let done = indexed
@@ -390,9 +340,8 @@ async fn mixed_workload_under_faults() -> Result<()> {
         failing_pods == 3,
         "failing: {failing_pods} pods for 3 tries"
     );
-    for name in ["plain", "indexed", "late", "failing"] {
-        j.wait_no_finalizers(name, Duration::from_secs(30)).await?;
-    }
+    j.wait_no_finalizers("failing", Duration::from_secs(30))
+        .await?;
 
     // The tolerating pod: deleted (its deletion is checked in the audit log below).
     wait::until(
@@ -418,7 +367,7 @@ async fn mixed_workload_under_faults() -> Result<()> {
         Duration::from_secs(60),
         Duration::from_millis(500),
         || async {
-            let slots = cron_slots(&j, "minutely").await?;
+            let slots = j.cron_minutes("minutely").await?;
             Ok(expected.iter().all(|m| slots.contains(m)).then_some(slots))
         },
     )

@@ -9,7 +9,7 @@
 
 use anyhow::{Result, ensure};
 use k8s_openapi::api::batch::v1::CronJob;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use pilothouse_tests::cluster::ClusterOptions;
 use pilothouse_tests::harness::{cluster, log_dir, trial};
 use pilothouse_tests::jobs::{self, Jobs};
@@ -30,24 +30,9 @@ async fn kcm_to_pilothouse_and_back() -> Result<()> {
     k8s::wait_service_account(&client, &ns).await?;
     let j = Jobs::new(client.clone(), &ns);
 
-    // A node of its own for the taint, tainted before anything else can land on it.
-    let node = format!("{ns}-n");
-    k8s::create_kwok_node(&client, &node, "zone-handover").await?;
-    k8s::modify_taints(&client, &node, |ts| {
-        ts.push(k8s::taint(TAINT, "", "NoExecute"))
-    })
-    .await?;
-    let tolerations = json!([
-        {"key": TAINT, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 40},
-        {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
-    ]);
     let pods = j.pods.clone();
-    pods.create(
-        &PostParams::default(),
-        &k8s::pod_on_node("victim", &node, tolerations)?,
-    )
-    .await?;
-    let victim_created = k8s_openapi::jiff::Timestamp::now();
+    let victim_created =
+        k8s::tolerating_pod_on_tainted_node(&client, &ns, "zone-handover", TAINT, 40).await?;
 
     j.create(&jobs::job(
         "plain",
@@ -108,23 +93,8 @@ async fn kcm_to_pilothouse_and_back() -> Result<()> {
 
     // Exact counts: no pod created twice, every pod's finalizer gone.
     for (name, completions) in [("plain", 6), ("indexed", 4)] {
-        let job = j.wait_finished(name, Duration::from_secs(90)).await?;
-        let (active, _, terminating, succeeded, failed) = jobs::counts(&job);
-        ensure!(
-            (active, terminating, succeeded, failed) == (0, 0, completions, 0),
-            "{name}: active {active} terminating {terminating} succeeded {succeeded} failed {failed}"
-        );
-        ensure!(
-            jobs::condition(&job, "Complete").is_some(),
-            "{name} not Complete"
-        );
-        let pods = j.pods_of(name).await?;
-        ensure!(
-            pods.len() == completions as usize,
-            "{name}: {} pods for {completions} completions",
-            pods.len()
-        );
-        j.wait_no_finalizers(name, Duration::from_secs(30)).await?;
+        j.expect_complete(name, completions, Duration::from_secs(90))
+            .await?;
     }
     let indexed = j.get("indexed").await?;
     let done = indexed
@@ -157,21 +127,7 @@ async fn kcm_to_pilothouse_and_back() -> Result<()> {
     );
 
     // CronJob: every minute from the first slot to the latest has its one Job.
-    let slots: Vec<i64> = j
-        .jobs
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter_map(|job| {
-            job.metadata
-                .name
-                .as_deref()?
-                .strip_prefix("minutely-")?
-                .parse()
-                .ok()
-        })
-        .collect();
+    let slots = j.cron_minutes("minutely").await?;
     let (first, last) = (slots.iter().min(), slots.iter().max());
     if let (Some(first), Some(last)) = (first, last) {
         let missed: Vec<i64> = (*first..=*last).filter(|m| !slots.contains(m)).collect();

@@ -2,7 +2,7 @@
 //! demand, and reads of a Job's status, pods and events.
 
 use crate::wait;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::batch::v1::{Job, JobCondition};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -106,6 +106,60 @@ impl Jobs {
             },
         )
         .await
+    }
+
+    /// Waits for the Job to finish, then requires it `Complete` with exactly `completions`
+    /// succeeded, nothing active, terminating or failed, one pod per completion (none created
+    /// twice) and no pod keeping the tracking finalizer.
+    pub async fn expect_complete(
+        &self,
+        name: &str,
+        completions: i32,
+        timeout: Duration,
+    ) -> Result<Job> {
+        let job = self.wait_finished(name, timeout).await?;
+        let (active, _, terminating, succeeded, failed) = counts(&job);
+        ensure!(
+            (active, terminating, succeeded, failed) == (0, 0, completions, 0),
+            "{name}: active {active} terminating {terminating} succeeded {succeeded} failed {failed}"
+        );
+        ensure!(
+            condition(&job, "Complete").is_some(),
+            "{name} not Complete: {:?}",
+            job.status
+        );
+        let pods = self.pods_of(name).await?;
+        ensure!(
+            pods.len() == usize::try_from(completions).unwrap_or(0),
+            "{name}: {} pods for {completions} completions",
+            pods.len()
+        );
+        self.wait_no_finalizers(name, Duration::from_secs(30))
+            .await?;
+        Ok(job)
+    }
+
+    /// The scheduled minutes (since the epoch) of CronJob `cron`'s Jobs in this namespace,
+    /// sorted: its Jobs are named `<cron>-<minute>`.
+    pub async fn cron_minutes(&self, cron: &str) -> Result<Vec<i64>> {
+        let prefix = format!("{cron}-");
+        let mut minutes: Vec<i64> = self
+            .jobs
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter_map(|job| {
+                job.metadata
+                    .name
+                    .as_deref()?
+                    .strip_prefix(&prefix)?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        minutes.sort_unstable();
+        Ok(minutes)
     }
 
     /// Waits for Complete or Failed.

@@ -121,6 +121,32 @@ pub fn pod_on_node(name: &str, node: &str, tolerations: Value) -> Result<Pod> {
     }))?)
 }
 
+/// A kwok node of its own (`<ns>-n`, in `zone`) tainted `key:NoExecute` before anything can
+/// land on it, and a pod `victim` bound to it tolerating that taint for `seconds`; returns when
+/// the pod was created.
+pub async fn tolerating_pod_on_tainted_node(
+    client: &Client,
+    ns: &str,
+    zone: &str,
+    key: &str,
+    seconds: i64,
+) -> Result<Timestamp> {
+    let node = format!("{ns}-n");
+    create_kwok_node(client, &node, zone).await?;
+    modify_taints(client, &node, |ts| ts.push(taint(key, "", "NoExecute"))).await?;
+    let tolerations = json!([
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds},
+        {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+    ]);
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &pod_on_node("victim", &node, tolerations)?,
+        )
+        .await?;
+    Ok(Timestamp::now())
+}
+
 /// Whether the pod has been deleted (deletionTimestamp set, or gone).
 pub async fn deleted(pods: &Api<Pod>, name: &str) -> Result<bool> {
     Ok(pods
