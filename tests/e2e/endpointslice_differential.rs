@@ -505,6 +505,9 @@ struct Scenario {
     planes: [Plane; 2],
     placement: Placement,
     steps: Vec<(String, Timestamp)>,
+    /// Steps whose changes reach the controllers as a burst of events: their write counts
+    /// are reported, not compared (see [`e5_churn`]).
+    bursts: BTreeSet<usize>,
     checkpoints: Vec<(String, [Snapshot; 2])>,
     /// Who writes this scenario's slices on the reference plane.
     upstream_user: &'static str,
@@ -524,6 +527,7 @@ impl Scenario {
             planes: planes.clone(),
             placement,
             steps: Vec::new(),
+            bursts: BTreeSet::new(),
             checkpoints: Vec::new(),
             upstream_user,
         };
@@ -542,6 +546,11 @@ impl Scenario {
 
     fn step(&mut self, name: &str) {
         self.steps.push((name.to_string(), Timestamp::now()));
+    }
+
+    fn burst_step(&mut self, name: &str) {
+        self.bursts.insert(self.steps.len());
+        self.step(name);
     }
 
     /// Runs `f` on both planes at once (upstream first in the result).
@@ -719,13 +728,38 @@ async fn e1_shape(planes: &[Plane; 2]) -> Result<Scenario> {
     Ok(sc)
 }
 
-/// E5: churn at max 100. The 250 pods exist (Ready) before their Service, so its first sync
-/// packs them 100/100/50 on both planes (packing of pods arriving over time depends on how the
-/// events happen to batch). Then one pod that sits in the partial slice on *both* planes is
-/// deleted (which pod that is is random upstream), 30 pods are added (they can only go to the
-/// partial slice), and all pods are deleted (one placeholder).
+/// E5: churn at max 100, each compared step reaching the controllers as one change, so that
+/// both must write the same for it (spec: "call counts equal upstream's"). Pod events that
+/// arrive in a burst are coalesced by however each controller's syncs happen to interleave
+/// with them (at batch period 0, upstream's scale to 0 made 124 to 205 updates over four runs
+/// of this test, Pilothouse's 118 to 141): that is timing, not the algorithm, so the burst step
+/// is compared by contents only and its writes are reported; the benchmarks compare churn
+/// writes over whole workloads.
+///
+/// The Service selects `wave: "1"`: its 250 pods exist (Ready) before it, so its first sync
+/// packs them 100/100/50 on both planes. One pod that sits in the partial slice on *both*
+/// planes is deleted (which pod is random upstream): two changes, terminating then gone, a
+/// second apart (its grace period and kwok's stage), so two updates on both; 30 more pods
+/// are made Ready unselected, then taken in by one selector change (they can only go to the
+/// partial slice); the selector then matches nothing (one placeholder) and everything again;
+/// last, every pod is deleted in one call (the burst).
 async fn e5_churn(planes: &[Plane; 2]) -> Result<Scenario> {
     let mut sc = Scenario::new("E5", planes, Placement::RelativeToPods, UP_ES_USER).await?;
+    let selector = |p: Plane,
+                    ns: String,
+                    wave: Value,
+                    what: &'static str,
+                    done: fn(&[EndpointSlice]) -> bool| async move {
+        let api: Api<Service> = Api::namespaced(p.client.clone(), &ns);
+        api.patch(
+            "churn",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selector": {"wave": wave}}})),
+        )
+        .await?;
+        wait_slices(&p.client, &ns, "churn", what, Duration::from_secs(90), done).await
+    };
+    let placeholder = |s: &[EndpointSlice]| s.len() == 1 && endpoints_of(&s[0]).is_empty();
     sc.step("250 pods, then the Service");
     sc.both(|p, ns| async move {
         create_pods(
@@ -733,13 +767,16 @@ async fn e5_churn(planes: &[Plane; 2]) -> Result<Scenario> {
             &ns,
             "churn",
             (0..250).map(|i| format!("p-{i}")).collect(),
-            json!({}),
+            json!({"metadata": {"labels": {"wave": "1"}}}),
         )
         .await?;
         wait_pods_ready(&p.client, &ns, "churn", 250).await?;
         let api: Api<Service> = Api::namespaced(p.client.clone(), &ns);
-        api.create(&PostParams::default(), &service("churn", json!({}))?)
-            .await?;
+        api.create(
+            &PostParams::default(),
+            &service("churn", json!({"spec": {"selector": {"wave": "1"}}}))?,
+        )
+        .await?;
         wait_slices(
             &p.client,
             &ns,
@@ -806,24 +843,26 @@ async fn e5_churn(planes: &[Plane; 2]) -> Result<Scenario> {
             &ns,
             "churn",
             (250..280).map(|i| format!("p-{i}")).collect(),
-            json!({}),
+            json!({"metadata": {"labels": {"wave": "2"}}}),
         )
         .await?;
-        wait_slices(
-            &p.client,
-            &ns,
-            "churn",
-            "279 ready",
-            Duration::from_secs(90),
-            |s| ready_count(s) == 279,
-        )
-        .await?;
-        Ok(())
+        wait_pods_ready(&p.client, &ns, "churn", 279).await?;
+        selector(p, ns, Value::Null, "279 ready", |s| ready_count(s) == 279).await
     })
     .await?;
     sc.snap("30 added").await?;
 
-    sc.step("scale to 0");
+    sc.step("no pod selected");
+    sc.both(|p, ns| selector(p, ns, json!("none"), "one placeholder", placeholder))
+        .await?;
+    sc.snap("none selected").await?;
+
+    sc.step("all selected again");
+    sc.both(|p, ns| selector(p, ns, Value::Null, "279 ready", |s| ready_count(s) == 279))
+        .await?;
+    sc.snap("all selected").await?;
+
+    sc.burst_step("scale to 0");
     sc.both(|p, ns| async move {
         let pods: Api<Pod> = Api::namespaced(p.client.clone(), &ns);
         pods.delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -834,7 +873,7 @@ async fn e5_churn(planes: &[Plane; 2]) -> Result<Scenario> {
             "churn",
             "one placeholder",
             Duration::from_secs(120),
-            |s| s.len() == 1 && endpoints_of(&s[0]).is_empty(),
+            placeholder,
         )
         .await?;
         Ok(())
@@ -844,21 +883,28 @@ async fn e5_churn(planes: &[Plane; 2]) -> Result<Scenario> {
     Ok(sc)
 }
 
-/// E9 events: per Service the distinct (type, reason) — the counts in upstream's messages are
-/// those of each sync's moment, so intermediate messages depend on timing.
+/// E9 events: per Service the distinct (type, reason) of the topology events — the counts in
+/// upstream's messages are those of each sync's moment, so intermediate messages depend on
+/// timing. Other events (a failed write's Warning, on either plane, when a sync meets a
+/// conflict under load) are timing too: printed, not compared.
 async fn e9_events(p: Plane, ns: String) -> Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();
     for svc in ["close", "auto", "few"] {
-        out.extend(
-            events_about(&p.client, &ns, "Service", svc, |e| {
-                format!(
-                    "{svc}: {} {}",
-                    e.type_.clone().unwrap_or_default(),
-                    e.reason.clone().unwrap_or_default()
-                )
-            })
-            .await?,
-        );
+        for kind in events_about(&p.client, &ns, "Service", svc, |e| {
+            format!(
+                "{svc}: {} {}",
+                e.type_.clone().unwrap_or_default(),
+                e.reason.clone().unwrap_or_default()
+            )
+        })
+        .await?
+        {
+            if kind.contains(" TopologyAwareHints") {
+                out.insert(kind);
+            } else {
+                println!("  NOTE E9 {}: {kind} (not compared)", p.side);
+            }
+        }
     }
     Ok(out)
 }
@@ -1241,6 +1287,8 @@ struct Writes {
     /// Writes of the controller answered with an error (code, verb, name).
     failed: Vec<String>,
     total: usize,
+    /// Of `total`, the writes in steps that are compared (not bursts).
+    compared: usize,
 }
 
 fn writes(events: &[AuditEvent], sc: &Scenario, user: &str) -> Writes {
@@ -1275,6 +1323,9 @@ fn writes(events: &[AuditEvent], sc: &Scenario, user: &str) -> Writes {
             .entry(e.verb.clone())
             .or_default() += 1;
         w.total += 1;
+        if !sc.bursts.contains(&step) {
+            w.compared += 1;
+        }
         let code = e.response_status.as_ref().and_then(|r| r.code).unwrap_or(0);
         if !(200..300).contains(&code) {
             w.failed.push(format!("{code} {} {}", e.verb, o.name));
@@ -1408,11 +1459,11 @@ async fn differential() -> Result<()> {
                 );
                 continue;
             }
-            println!("  DIFF {checkpoint}");
-            print_diff(up, mine);
+            let d = diff(up, mine);
+            println!("  DIFF {checkpoint}\n{d}");
             match allowed(checkpoint, up, mine) {
                 Some(rule) => println!("  ALLOWED ({rule})"),
-                None => failures.push(format!("unexplained difference at {checkpoint}")),
+                None => failures.push(format!("unexplained difference at {checkpoint}:\n{d}")),
             }
         }
     }
@@ -1470,22 +1521,27 @@ async fn differential() -> Result<()> {
             }
         }
         println!(
-            "MEASURE {} slice writes: upstream {} pilothouse {}",
-            sc.id, up.total, mine.total
+            "MEASURE {} slice writes: upstream {} pilothouse {} (compared: {} and {})",
+            sc.id, up.total, mine.total, up.compared, mine.compared
         );
         for (i, (step, _)) in sc.steps.iter().enumerate() {
             let e = BTreeMap::new();
             println!(
-                "MEASURE {} {step}: upstream [{}] pilothouse [{}]",
+                "MEASURE {} {step}: upstream [{}] pilothouse [{}]{}",
                 sc.id,
                 verbs(up.by_step.get(&i).unwrap_or(&e)),
-                verbs(mine.by_step.get(&i).unwrap_or(&e))
+                verbs(mine.by_step.get(&i).unwrap_or(&e)),
+                if sc.bursts.contains(&i) {
+                    " (a burst: reported, not compared)"
+                } else {
+                    ""
+                }
             );
         }
-        if mine.total > up.total {
+        if mine.compared > up.compared {
             failures.push(format!(
-                "{}: Pilothouse made {} slice writes, upstream {}",
-                sc.id, mine.total, up.total
+                "{}: Pilothouse made {} slice writes in compared steps, upstream {}",
+                sc.id, mine.compared, up.compared
             ));
         }
     }
@@ -1509,6 +1565,21 @@ async fn differential() -> Result<()> {
             );
         }
         println!("logs, slices and events kept in {}", keep.display());
+        // A kwok node that missed its Lease (10 s grace) leaves the topology caches' zones for a
+        // while, which moves hints and events: name it beside the failures.
+        for (side, c) in [("upstream", &reference), ("pilothouse", &ours)] {
+            let flaps = c.kubectl(&[
+                "get",
+                "events",
+                "-A",
+                "--field-selector=reason=NodeNotReady",
+                "-o=name",
+            ])?;
+            let n = flaps.lines().filter(|l| !l.trim().is_empty()).count();
+            if n > 0 {
+                failures.push(format!("(context) {side}: {n} NodeNotReady event(s)"));
+            }
+        }
     }
     drop(ph);
     drop(reference);
@@ -1519,38 +1590,35 @@ async fn differential() -> Result<()> {
     Ok(())
 }
 
-fn print_diff(up: &Snapshot, mine: &Snapshot) {
+/// What differs between two snapshots, line by line (the failure message carries it too, so
+/// that a CI log cut to its tail still shows it).
+fn diff(up: &Snapshot, mine: &Snapshot) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let keys: BTreeSet<&String> = up.groups.keys().chain(mine.groups.keys()).collect();
     for k in keys {
         let (a, b) = (up.groups.get(k), mine.groups.get(k));
         if a == b {
             continue;
         }
-        println!("    group {k}");
+        let _ = writeln!(out, "    group {k}");
         let empty = Group::default();
         let (a, b) = (a.unwrap_or(&empty), b.unwrap_or(&empty));
         if a.slices != b.slices {
-            println!("      upstream slices:   {:?}", a.slices);
-            println!("      pilothouse slices: {:?}", b.slices);
+            let _ = writeln!(out, "      upstream slices:   {:?}", a.slices);
+            let _ = writeln!(out, "      pilothouse slices: {:?}", b.slices);
         }
-        let only_up: Vec<&String> = a
-            .endpoints
-            .iter()
-            .filter(|e| !b.endpoints.contains(e))
-            .collect();
-        let only_mine: Vec<&String> = b
-            .endpoints
-            .iter()
-            .filter(|e| !a.endpoints.contains(e))
-            .collect();
-        for e in only_up.iter().take(10) {
-            println!("      only upstream:   {e}");
+        let only_up = a.endpoints.iter().filter(|e| !b.endpoints.contains(e));
+        let only_mine = b.endpoints.iter().filter(|e| !a.endpoints.contains(e));
+        for e in only_up.take(10) {
+            let _ = writeln!(out, "      only upstream:   {e}");
         }
-        for e in only_mine.iter().take(10) {
-            println!("      only pilothouse: {e}");
+        for e in only_mine.take(10) {
+            let _ = writeln!(out, "      only pilothouse: {e}");
         }
         if a.endpoints.len() != b.endpoints.len() {
-            println!(
+            let _ = writeln!(
+                out,
                 "      endpoints: upstream {} pilothouse {}",
                 a.endpoints.len(),
                 b.endpoints.len()
@@ -1558,9 +1626,10 @@ fn print_diff(up: &Snapshot, mine: &Snapshot) {
         }
     }
     if up.events != mine.events {
-        println!("    upstream events:   {:?}", up.events);
-        println!("    pilothouse events: {:?}", mine.events);
+        let _ = writeln!(out, "    upstream events:   {:?}", up.events);
+        let _ = writeln!(out, "    pilothouse events: {:?}", mine.events);
     }
+    out
 }
 
 // ---------------------------------------------------------------------------------------------
