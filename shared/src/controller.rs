@@ -256,6 +256,14 @@ pub struct Wiring {
 
 impl Wiring {
     pub fn new(name: &'static str, metrics: Arc<Metrics>) -> Wiring {
+        // The panics series exists at 0 from the start, so that an alert on its increase sees
+        // the first panic (a series born at 1 has no increase) and a scrape lists it.
+        let _ = metrics
+            .reconcile()
+            .panics
+            .get_or_create(&crate::metrics::ControllerLabel {
+                controller: name.to_string(),
+            });
         Wiring {
             name,
             metrics,
@@ -543,6 +551,12 @@ mod tests {
     async fn a_panicking_key_is_counted_retried_and_stalls_no_other() {
         let metrics = Metrics::new();
         let mut wiring = Wiring::new("test-controller", Arc::clone(&metrics));
+        // The series is there at 0 before any panic (alerts on its increase need the 0).
+        let text = metrics.encode();
+        assert!(
+            text.contains("pilothouse_reconcile_panics_total{controller=\"test-controller\"} 0"),
+            "{text}"
+        );
         let queue: Arc<Queue<String>> = wiring.queue(
             "t",
             BackoffConfig::exponential(Duration::from_millis(1), Duration::from_millis(4)),
