@@ -66,9 +66,14 @@ fn workload() -> Vec<(&'static str, Value, Value, Option<Decide>)> {
                     {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [3]}},
                     {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}}),
             forever.clone(),
+            // Index 0's ignored failure and index 1's success finish about together: whether
+            // the failure counts for the backoff delay of index 0's replacement (0 or 10 s)
+            // depends on how each controller's syncs meet the two (finish times in whole
+            // seconds, upstream's newBackoffRecord). Index 2 fails the Job late enough that the
+            // replacement has succeeded either way, so the end state is the same every run.
             Some(|i, n| match (i, n) {
                 (Some(0), 0) => Kubelet::Exit(3, "1s"),
-                (Some(2), _) => Kubelet::Exit(42, "4s"),
+                (Some(2), _) => Kubelet::Exit(42, "25s"),
                 _ => Kubelet::Exit(0, "1s"),
             }),
         ),
@@ -172,7 +177,10 @@ async fn run_workload(client: Client) -> Result<BTreeMap<String, JobOutcome>> {
             drivers.push(drive(&j, name, d));
         }
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Resumed only once suspended as seen by the controller (its Suspended condition), so
+    // that both sides go through the same conditions however late their first sync.
+    j.wait_condition("suspend", "Suspended", Duration::from_secs(60))
+        .await?;
     j.jobs
         .patch(
             "suspend",
