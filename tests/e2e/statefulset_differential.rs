@@ -8,7 +8,7 @@
 //! about each set (type, reason, message) too. A difference passes only through [`allowed`], keyed by a spec
 //! B-rule.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
@@ -242,13 +242,32 @@ async fn run(client: Client) -> Result<Vec<(String, Snapshot)>> {
     out.extend(d.context("S12")?);
     out.extend(e.context("ST-15")?);
     // Events are written asynchronously (upstream's recorder queues them behind the
-    // controller-manager's shared client budget): compare them once everything has settled.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    for name in [
+    // controller-manager's shared client budget): compare them once they have stopped
+    // changing for 3 s.
+    let names = [
         "ordered", "part", "ondelete", "history", "halt", "burst", "claims", "adopt", "defaults",
-    ] {
-        out.push(events_checkpoint(&client, name).await?);
+    ];
+    let mut last = Vec::new();
+    let mut stable_since = tokio::time::Instant::now();
+    let deadline = stable_since + Duration::from_secs(60);
+    loop {
+        let mut now = Vec::new();
+        for name in names {
+            now.push(events_checkpoint(&client, name).await?);
+        }
+        if now != last {
+            last = now;
+            stable_since = tokio::time::Instant::now();
+        } else if stable_since.elapsed() >= Duration::from_secs(3) {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "events still changing after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    out.extend(last);
     Ok(out)
 }
 
@@ -520,7 +539,11 @@ async fn adoption(client: Client) -> Result<Vec<(String, Snapshot)>> {
     .await?;
     out.push(("adopt adopted".into(), snapshot(&client, "adopt").await?));
     relabel_until_owned(&pods, "adopt-0", "other", false).await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The released pod keeps its name: the set counts 3 until it is adopted back.
+    until(&client, "adopt", "3 counted after the release", |s| {
+        s["replicas"].as_i64() == Some(3) && s["readyReplicas"].as_i64() == Some(3)
+    })
+    .await?;
     out.push(("adopt released".into(), snapshot(&client, "adopt").await?));
     relabel_until_owned(&pods, "adopt-0", "adopt", true).await?;
     until(&client, "adopt", "4 ready again", complete(4)).await?;
@@ -706,8 +729,11 @@ fn allowed(checkpoint: &str, up: &Snapshot, ours: &Snapshot) -> Option<&'static 
         // Upstream updates claims and pods from its cache, so a write racing another writer
         // (here the PV binder annotating a fresh claim) fails with a conflict and is retried,
         // with a Warning; Pilothouse reads them live before it writes (ST-44).
+        // Its claims cache can also lag its own create, so that it creates a claim twice
+        // (AlreadyExists, a Warning FailedCreate).
         let conflicts_only = only_up.iter().all(|e| {
-            e.starts_with("Warning FailedUpdate:") && e.contains("the object has been modified")
+            (e.starts_with("Warning FailedUpdate:") && e.contains("the object has been modified"))
+                || (e.starts_with("Warning FailedCreate:") && e.contains("already exists"))
         });
         if !only_ours && !only_up.is_empty() && conflicts_only {
             return Some("B-8/ST-44: upstream's cached read lost an optimistic-concurrency race");
