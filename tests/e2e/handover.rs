@@ -152,7 +152,7 @@ async fn kcm_to_pilothouse_and_back() -> Result<()> {
         "MEASURE handover: victim deleted {after_create:.1}s after creation, {after_switch:.1}s after the switch, {after_leading:.1}s after Pilothouse led (polled); DELETE received {toleration:.3}s after taint-eviction-controller started"
     );
     ensure!(
-        after_create >= 39.0 && (39.9..=41.5).contains(&toleration),
+        after_create >= 39.0 && (39.9..=43.0).contains(&toleration),
         "deleted {after_create:.1}s after creation, DELETE {toleration:.3}s after taint-eviction-controller started"
     );
 

@@ -708,7 +708,12 @@ async fn conflicting_node_delays_no_other() -> Result<()> {
                     .is_some_and(|c| (200..300).contains(&c))
         })
         .filter_map(|a| a.received())
-        .filter(|t| t.duration_since(e).as_secs_f64() <= polled)
+        // After the heartbeats stopped (E less the grace; nothing is due before E) and before
+        // the test saw the end state.
+        .filter(|t| {
+            let d = t.duration_since(e).as_secs_f64();
+            d >= -GRACE.as_secs_f64() && d <= polled
+        })
         .max()
         .context("no write of Pilothouse's to calm in the audit log")?;
     let late = last_write.duration_since(e).as_secs_f64();

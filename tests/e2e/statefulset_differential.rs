@@ -733,7 +733,9 @@ fn allowed(checkpoint: &str, up: &Snapshot, ours: &Snapshot) -> Option<&'static 
         // (AlreadyExists, a Warning FailedCreate).
         let conflicts_only = only_up.iter().all(|e| {
             (e.starts_with("Warning FailedUpdate:") && e.contains("the object has been modified"))
-                || (e.starts_with("Warning FailedCreate:") && e.contains("already exists"))
+                || (e.starts_with("Warning FailedCreate:")
+                    && e.contains("create Claim")
+                    && e.contains("already exists"))
         });
         if !only_ours && !only_up.is_empty() && conflicts_only {
             return Some("B-8/ST-44: upstream's cached read lost an optimistic-concurrency race");

@@ -81,6 +81,19 @@ impl Webhook {
         resources: &[&str],
         operations: &[&str],
     ) -> Result<Webhook> {
+        Self::start_with_timeout(client, namespace, resources, operations, 30).await
+    }
+
+    /// [`Webhook::start`], with the API server waiting at most `timeout_seconds` (1-30) for an
+    /// answer: a longer [`Webhook::delay`] then fails the request (failure policy `Fail`), as a
+    /// webhook that times out does.
+    pub async fn start_with_timeout(
+        client: Client,
+        namespace: &str,
+        resources: &[&str],
+        operations: &[&str],
+        timeout_seconds: i32,
+    ) -> Result<Webhook> {
         let cert = rcgen::generate_simple_self_signed(vec![
             "127.0.0.1".to_string(),
             "localhost".to_string(),
@@ -139,7 +152,7 @@ impl Webhook {
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
                 "failurePolicy": "Fail",
-                "timeoutSeconds": 30
+                "timeoutSeconds": timeout_seconds
             }]
         }))?;
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
