@@ -554,6 +554,16 @@ impl Kit {
         Writer::new(Arc::clone(&self.api) as Arc<dyn Transport>)
     }
 
+    /// Syncs that panicked, over every controller (each series exists at 0 from its start).
+    pub fn panics(&self) -> f64 {
+        self.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("pilothouse_reconcile_panics_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// The `Setup` a controller's `init` receives, wired to this kit.
     pub fn setup(&self, name: &'static str, event_source: &str) -> Setup {
         Setup {

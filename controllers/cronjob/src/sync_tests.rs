@@ -515,11 +515,7 @@ async fn cr12_cr22_bad_zone_or_schedule_warns_and_another_cronjob_still_fires() 
         )),
         "{events:?}"
     );
-    assert!(
-        !kit.metrics
-            .encode()
-            .contains("pilothouse_reconcile_panics_total{")
-    );
+    assert_eq!(kit.panics(), 0.0, "{}", kit.metrics.encode());
     running.stop().await;
 }
 
