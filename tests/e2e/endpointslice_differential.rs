@@ -743,8 +743,9 @@ async fn e1_shape(planes: &[Plane; 2]) -> Result<Scenario> {
 ///
 /// The Service selects `wave: "1"`: its 250 pods exist (Ready) before it, so its first sync
 /// packs them 100/100/50 on both planes. One pod that sits in the partial slice on *both*
-/// planes is deleted (which pod is random upstream): two changes, terminating then gone, a
-/// second apart (its grace period and kwok's stage), so two updates on both; 30 more pods
+/// planes is deleted (which pod is random upstream): terminating, then terminated two seconds
+/// or more later, then (held by a finalizer until both planes show the second) gone, so two
+/// updates on both and the same trigger-time annotation; 30 more pods
 /// are made Ready unselected, then taken in by one selector change (they can only go to the
 /// partial slice); the selector then matches nothing (one placeholder) and everything again;
 /// last, every pod is deleted in one call (the burst).
@@ -817,12 +818,33 @@ async fn e5_churn(planes: &[Plane; 2]) -> Result<Scenario> {
             ours.len()
         )
     })?;
+    // The deletion's changes, each on its own: terminating (a 3 s grace: whole-second
+    // deletionTimestamps leave at least 2 s), then Failed with Ready=False (kwok, at the
+    // deletionTimestamp: the endpoint goes, with that transition as its trigger time), then,
+    // only once both planes show that, the object gone (a finalizer held it; kwok deletes a
+    // terminated pod at once, and a sync meeting both changes together would see no trigger time
+    // and drop the annotation, as upstream's tracker does).
+    sc.both(|p, ns| {
+        let victim = victim.clone();
+        async move {
+            let pods: Api<Pod> = Api::namespaced(p.client.clone(), &ns);
+            let hold = json!({"metadata": {"finalizers": ["pilothouse.test/hold"]}});
+            pods.patch(&victim, &PatchParams::default(), &Patch::Merge(hold))
+                .await?;
+            Ok(())
+        }
+    })
+    .await?;
     sc.step("delete one pod");
     sc.both(|p, ns| {
         let victim = victim.clone();
         async move {
             let pods: Api<Pod> = Api::namespaced(p.client.clone(), &ns);
-            pods.delete(&victim, &DeleteParams::default()).await?;
+            let grace = DeleteParams {
+                grace_period_seconds: Some(3),
+                ..DeleteParams::default()
+            };
+            pods.delete(&victim, &grace).await?;
             wait_slices(
                 &p.client,
                 &ns,
@@ -835,6 +857,17 @@ async fn e5_churn(planes: &[Plane; 2]) -> Result<Scenario> {
                 },
             )
             .await?;
+            Ok(())
+        }
+    })
+    .await?;
+    sc.both(|p, ns| {
+        let victim = victim.clone();
+        async move {
+            let pods: Api<Pod> = Api::namespaced(p.client.clone(), &ns);
+            let release = json!({"metadata": {"finalizers": null}});
+            pods.patch(&victim, &PatchParams::default(), &Patch::Merge(release))
+                .await?;
             Ok(())
         }
     })
