@@ -24,12 +24,17 @@ async fn kcm_still_running_job_controller_is_reported() -> Result<()> {
     )?;
     p.wait_log("starting controller", Duration::from_secs(60))
         .await?;
+    // The guard ignores kcm's writes in the two seconds after Pilothouse took over (kcm
+    // finishing its last sync, not running); the Job must be created after them. CI created it
+    // 0.7 s after the take-over once, and every kcm write it caused fell into that window.
+    let armed = std::time::Instant::now();
     let (code, body) = p.http_get("/readyz").await?;
     ensure!(code == 200, "ready before any conflict: {code} {body}");
 
     let client = cluster().client().await?;
     let ns = cluster().namespace("conflict").await?;
     k8s::wait_service_account(&client, &ns).await?;
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(armed.elapsed())).await;
     Jobs::new(client, &ns)
         .create(&jobs::job(
             "twice",
