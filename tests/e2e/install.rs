@@ -2,7 +2,8 @@
 //! image, the alerts and the dashboard, against one local control plane.
 //!
 //! - The chart lints, refuses `*` in `--controllers`, renders exactly the Kustomize base (and
-//!   manifests/rbac.yaml verbatim), and passes the API server's dry run.
+//!   manifests/rbac.yaml verbatim; with `useServiceAccountCredentials` also
+//!   rbac-service-account-credentials.yaml and the flag), and passes the API server's dry run.
 //! - The rendered manifests are applied for real: the Deployment's two pods land on two nodes
 //!   (required anti-affinity) and the PodDisruptionBudget allows one disruption.
 //! - The image built offline by tests/image/build runs as its user 65532 on a read-only root,
@@ -234,6 +235,13 @@ fn diff(
 async fn chart_lints_and_refuses_wildcards() -> Result<()> {
     helm(&["lint", "--strict", &chart()])?;
     helm(&["lint", "--strict", &chart(), "--set", MONITORING])?;
+    helm(&[
+        "lint",
+        "--strict",
+        &chart(),
+        "--set",
+        "useServiceAccountCredentials=true",
+    ])?;
     for bad in [
         "controllers={*}",
         "controllers={job-controller,-cronjob-controller}",
@@ -286,7 +294,8 @@ async fn chart_lints_and_refuses_wildcards() -> Result<()> {
 }
 
 /// Default values render exactly manifests/ (the Kustomize base); monitoring values add exactly
-/// manifests/monitoring; the RBAC is manifests/rbac.yaml's. And the base has what an HA
+/// manifests/monitoring, useServiceAccountCredentials exactly its flag and
+/// manifests/rbac-service-account-credentials.yaml; the RBAC is manifests/rbac.yaml's. And the base has what an HA
 /// kube-system component needs.
 async fn chart_renders_the_kustomize_base() -> Result<()> {
     ensure_monitoring_crds()?;
@@ -304,6 +313,27 @@ async fn chart_renders_the_kustomize_base() -> Result<()> {
         &objects(&template(&["--set", MONITORING])?)?,
         "kustomize manifests + manifests/monitoring",
         &with_monitoring,
+    )?;
+    // useServiceAccountCredentials adds exactly manifests/rbac-service-account-credentials.yaml
+    // and the flag.
+    let mut with_credentials = base.clone();
+    with_credentials.extend(objects(&std::fs::read_to_string(
+        repo_root().join("manifests/rbac-service-account-credentials.yaml"),
+    )?)?);
+    let args = &mut with_credentials
+        .get_mut("Deployment/kube-system/pilothouse")
+        .context("no Deployment in the base")?["spec"]["template"]["spec"]["containers"][0]["args"];
+    let flags = args.as_array_mut().context("no args in the base")?;
+    let at = flags
+        .iter()
+        .position(|a| a == "--logging-format=json")
+        .context("no --logging-format in the base")?;
+    flags.insert(at + 1, json!("--use-service-account-credentials"));
+    diff(
+        "helm template (useServiceAccountCredentials)",
+        &objects(&template(&["--set", "useServiceAccountCredentials=true"])?)?,
+        "kustomize manifests + manifests/rbac-service-account-credentials.yaml",
+        &with_credentials,
     )?;
     let rbac = objects(&std::fs::read_to_string(
         repo_root().join("manifests/rbac.yaml"),
@@ -637,14 +667,22 @@ async fn alerts_pass_promtool() -> Result<()> {
 /// would fail).
 fn chart_passes_server_dry_run() -> Result<()> {
     // Every object the chart can render: monitoring on, node-maintenance-controller added
-    // (the default list plus it) and its CRD.
+    // (the default list plus it) and its CRD, the service-account-credentials RBAC.
     let defaults = template(&[])?;
     let list = defaults
         .lines()
         .find_map(|l| l.trim().strip_prefix("- --controllers="))
         .context("no --controllers in the default rendering")?;
     let all = format!("controllers={{{list},node-maintenance-controller}}");
-    let rendered = template(&["--set", MONITORING, "--set", &all, "--include-crds"])?;
+    let rendered = template(&[
+        "--set",
+        MONITORING,
+        "--set",
+        &all,
+        "--set",
+        "useServiceAccountCredentials=true",
+        "--include-crds",
+    ])?;
     ensure!(
         rendered.contains("--controllers=") && rendered.contains(",node-maintenance-controller"),
         "node-maintenance-controller not in the rendered flags"

@@ -3,21 +3,23 @@
 //! server: anonymous /metrics is refused, an unknown token is 401, a ServiceAccount without
 //! `get` on the non-resource URL `/metrics` is 403 and one with it reads the metrics, which carry
 //! the families kcm dashboards read. /healthz, /readyz and /livez are always allowed. With
-//! `--use-service-account-credentials` each controller writes as upstream's ServiceAccount (the
-//! audit log shows a Job's pods, status and events written by `job-controller`), while the
-//! caches and the Lease stay under Pilothouse's own. Pilothouse runs as its ServiceAccount with
-//! manifests/rbac.yaml and rbac-service-account-credentials.yaml: the shipped RBAC is proven.
+//! `--use-service-account-credentials` every controller Pilothouse has built writes as upstream's
+//! ServiceAccount (ours for node-maintenance): a workload that makes each of them write shows, in
+//! the audit log, each controller's writes under its own user and none refused, while the caches
+//! and the Lease stay under Pilothouse's own, which writes nothing else. Pilothouse runs as its
+//! ServiceAccount with manifests/rbac.yaml and rbac-service-account-credentials.yaml: the shipped
+//! RBAC is proven.
 
-use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use pilothouse_tests::cluster::ClusterOptions;
 use pilothouse_tests::harness::{cluster, log_dir, trial};
 use pilothouse_tests::jobs::{self, Jobs};
 use pilothouse_tests::pilothouse::https_get;
 use pilothouse_tests::{Pilothouse, audit, k8s, unique, wait};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::time::Duration;
 
 /// A ServiceAccount in `ns` and a token for it; with `metrics`, bound to a ClusterRole that may
@@ -53,22 +55,200 @@ async fn scraper(ns: &str, name: &str, metrics: bool) -> Result<String> {
 }
 
 const PILOTHOUSE_USER: &str = "system:serviceaccount:kube-system:pilothouse";
-const JOB_CONTROLLER_USER: &str = "system:serviceaccount:kube-system:job-controller";
+
+/// Every controller Pilothouse has built, the ServiceAccount in kube-system it acts as (kcm's
+/// `NewClient` name; ours for node-maintenance), and writes the trial's workload makes it send.
+const IDENTITIES: [(&str, &str, &[&str]); 8] = [
+    (
+        "job-controller",
+        "job-controller",
+        &["create pods", "update jobs/status", "create events"],
+    ),
+    (
+        "cronjob-controller",
+        "cronjob-controller",
+        &["create jobs", "update cronjobs/status", "create events"],
+    ),
+    (
+        "statefulset-controller",
+        "statefulset-controller",
+        &[
+            "create controllerrevisions",
+            "create pods",
+            "update statefulsets/status",
+            "create events",
+        ],
+    ),
+    (
+        "endpointslice-controller",
+        "endpointslice-controller",
+        &["create endpointslices"],
+    ),
+    (
+        "endpointslice-mirroring-controller",
+        "endpointslicemirroring-controller",
+        &["create endpointslices"],
+    ),
+    (
+        "node-lifecycle-controller",
+        "node-controller",
+        &["patch nodes"],
+    ),
+    (
+        "taint-eviction-controller",
+        "node-controller",
+        &["delete pods", "create events"],
+    ),
+    (
+        "node-maintenance-controller",
+        "node-maintenance-controller",
+        &[
+            "patch nodemaintenances/status",
+            "patch nodes",
+            "create events",
+        ],
+    ),
+];
+
+/// What Pilothouse's own identity may write beside the caches' reads: its Lease, the
+/// controllers' ServiceAccounts and tokens, and the secure port's reviews.
+const OWN_WRITES: [&str; 5] = [
+    "leases",
+    "serviceaccounts",
+    "serviceaccounts/token",
+    "tokenreviews",
+    "subjectaccessreviews",
+];
+
+/// Trials that run a job controller one at a time: two would both act on the other's Job.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The controller a request came from, by its user agent (`... pilothouse/<controller>`).
+fn controller_of(user_agent: &str) -> Option<&'static str> {
+    IDENTITIES
+        .iter()
+        .map(|(c, _, _)| *c)
+        .find(|c| user_agent.ends_with(&format!("pilothouse/{c}")))
+}
+
+/// One request by a controller, as the audit log saw it.
+#[derive(Clone, Debug)]
+struct Request {
+    controller: &'static str,
+    /// `verb resource[/subresource]`.
+    what: String,
+    user: String,
+    code: u16,
+}
+
+/// Every completed request by one of Pilothouse's controllers received since `since`.
+fn controller_requests(since: k8s_openapi::jiff::Timestamp) -> Result<Vec<Request>> {
+    let mut out = Vec::new();
+    for e in audit::read(&cluster().audit_log())? {
+        let (Some(o), Some(c)) = (e.object_ref.as_ref(), controller_of(&e.user_agent)) else {
+            continue;
+        };
+        if e.stage != "ResponseComplete" || e.received().is_none_or(|t| t < since) {
+            continue;
+        }
+        out.push(Request {
+            controller: c,
+            what: format!("{} {}", e.verb, resource_of(o)),
+            user: e.user.username.clone(),
+            code: e.response_status.as_ref().and_then(|r| r.code).unwrap_or(0),
+        });
+    }
+    Ok(out)
+}
+
+fn resource_of(o: &audit::ObjectRef) -> String {
+    match o.subresource.as_str() {
+        "" => o.resource.clone(),
+        sub => format!("{}/{sub}", o.resource),
+    }
+}
+
+/// Objects that make every controller write: a Job, a CronJob due every minute, a StatefulSet
+/// with a Service selecting its pod, a selector-less Service with hand-kept Endpoints, a pod bound
+/// to `tainted` (unschedulable, with a NoExecute taint the pod does not tolerate) and a
+/// NodeMaintenance of `drained` (neither node has a kubelet: nothing else acts on them).
+fn workload(ns: &str, tainted: &str, drained: &str) -> Value {
+    let node = |name: &str, spec: Value| {
+        json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"pilothouse.test/identity": "true"}},
+            "spec": spec})
+    };
+    let kwok = json!([{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]);
+    let meta = |name: &str| json!({"name": name, "namespace": ns});
+    let app = json!({"app": "identity-sts"});
+    json!({"apiVersion": "v1", "kind": "List", "items": [
+        node(tainted, json!({"unschedulable": true, "taints": [
+            {"key": "pilothouse.test/identity", "value": "evict", "effect": "NoExecute"}]})),
+        node(drained, json!({})),
+        {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta("identity"),
+         "spec": {"schedule": "* * * * *", "successfulJobsHistoryLimit": 1,
+                  "jobTemplate": {"spec": {"template": jobs::template(Some(0), "1s")}}}},
+        {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta("identity"),
+         "spec": {"replicas": 1, "serviceName": "identity-sts",
+                  "selector": {"matchLabels": app},
+                  "template": {"metadata": {"labels": app}, "spec": {
+                      "terminationGracePeriodSeconds": 0, "tolerations": kwok,
+                      "containers": [{"name": "c", "image": "busybox"}]}}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta("identity-sts"),
+         "spec": {"selector": app, "ports": [{"name": "http", "port": 80}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta("identity-external"),
+         "spec": {"ports": [{"name": "db", "port": 5432}]}},
+        {"apiVersion": "v1", "kind": "Endpoints", "metadata": meta("identity-external"),
+         "subsets": [{"addresses": [{"ip": "10.99.0.1"}], "ports": [{"name": "db", "port": 5432}]}]},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": meta("identity-evicted"),
+         "spec": {"nodeName": tainted, "terminationGracePeriodSeconds": 0,
+                  "containers": [{"name": "c", "image": "busybox"}]}},
+        {"apiVersion": "pilothouse.dev/v1alpha1", "kind": "NodeMaintenance",
+         "metadata": {"name": drained},
+         "spec": {"nodeName": drained, "reason": "identity test"}},
+    ]})
+}
 
 async fn secure_port_and_controller_identities() -> Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    pilothouse_tests::maintenance::install_crd(cluster()).await?;
     let port = cluster().reserve_port()?;
     let addr = format!("127.0.0.1:{port}");
     let kubeconfig = cluster().pilothouse_service_account_kubeconfig()?;
     let extra =
         pilothouse_tests::repo_root().join("manifests/rbac-service-account-credentials.yaml");
     cluster().kubectl(&["apply", "-f", &extra.to_string_lossy()])?;
+    // The API server's authorizer learns bindings from a watch: Pilothouse stops on a refused
+    // token request at start, and a controller's first events would be refused.
+    for (verb, who) in [("create serviceaccounts/token", "pilothouse")] {
+        let (verb, resource) = verb.split_once(' ').unwrap_or_default();
+        let user = format!("--as=system:serviceaccount:kube-system:{who}");
+        wait::until(
+            &format!("{who} allowed to {verb} {resource}"),
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || async {
+                let out = cluster().kubectl(&[
+                    "auth",
+                    "can-i",
+                    verb,
+                    resource,
+                    "-n",
+                    "kube-system",
+                    &user,
+                ]);
+                Ok(out.is_ok_and(|o| o.trim() == "yes").then_some(()))
+            },
+        )
+        .await?;
+    }
     let started = k8s_openapi::jiff::Timestamp::now();
     let p = Pilothouse::spawn(
         "serving-secure",
         &kubeconfig,
         &log_dir(),
         &[
-            "--controllers=job-controller".to_string(),
+            format!("--controllers={}", IDENTITIES.map(|(c, _, _)| c).join(",")),
             "--use-service-account-credentials".to_string(),
             "--bind-address=127.0.0.1".to_string(),
             format!("--secure-port={port}"),
@@ -163,7 +343,7 @@ async fn secure_port_and_controller_identities() -> Result<()> {
         );
     }
 
-    // A Job run by the job-controller's own identity.
+    // A workload that makes every controller write, each under its own identity.
     let client = cluster().client().await?;
     k8s::wait_service_account(&client, &ns).await?;
     let j = Jobs::new(client, &ns);
@@ -173,50 +353,134 @@ async fn secure_port_and_controller_identities() -> Result<()> {
         jobs::template(Some(0), "1s"),
     )?)
     .await?;
+    let (tainted, drained) = (unique("identity-tainted"), unique("identity-drained"));
+    let manifest = log_dir().join(format!("{ns}-workload.json"));
+    std::fs::write(
+        &manifest,
+        serde_json::to_vec(&workload(&ns, &tainted, &drained))?,
+    )?;
+    cluster().kubectl(&["apply", "-f", &manifest.to_string_lossy()])?;
     j.wait_finished("identity", Duration::from_secs(120))
         .await?;
     j.wait_event("identity", "Completed").await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut writes: Vec<(String, String, String)> = Vec::new();
-    for e in audit::read(&cluster().audit_log())? {
-        let Some(o) = e.object_ref.as_ref() else {
-            continue;
-        };
-        if e.stage != "ResponseComplete"
-            || !e.user_agent.ends_with("pilothouse/job-controller")
-            || ["get", "list", "watch"].contains(&e.verb.as_str())
-            || o.namespace != ns
-        {
-            continue;
-        }
-        let what = match o.subresource.as_str() {
-            "" => format!("{} {}", e.verb, o.resource),
-            sub => format!("{} {}/{sub}", e.verb, o.resource),
-        };
-        writes.push((what, e.user.username.clone(), e.user_agent.clone()));
-    }
-    for want in ["create pods", "update jobs/status", "create events"] {
-        ensure!(
-            writes.iter().any(|(w, _, _)| w == want),
-            "no {want:?} by the job controller: {writes:?}"
+
+    // Every request by a controller (its user agent) since it started. The CronJob's first slot
+    // is up to a minute away.
+    let last = std::sync::Mutex::new(Vec::new());
+    let missing = |requests: &[Request]| -> Vec<String> {
+        IDENTITIES
+            .iter()
+            .flat_map(|(c, _, want)| want.iter().map(move |w| (*c, *w)))
+            .filter(|(c, w)| {
+                !requests
+                    .iter()
+                    .any(|r| r.controller == *c && r.what == *w && (200..300).contains(&r.code))
+            })
+            .map(|(c, w)| format!("{c}: {w}"))
+            .collect()
+    };
+    let waited = wait::until(
+        "every controller's writes, answered 2xx, in the audit log",
+        Duration::from_secs(90),
+        Duration::from_secs(1),
+        || async {
+            let requests = controller_requests(started)?;
+            let done = missing(&requests).is_empty();
+            *last.lock().expect("not poisoned") = requests;
+            Ok(done.then_some(()))
+        },
+    )
+    .await;
+    if let Err(e) = waited {
+        let requests = last.lock().expect("not poisoned").clone();
+        let failed: Vec<&Request> = requests
+            .iter()
+            .filter(|r| !(200..300).contains(&r.code))
+            .collect();
+        bail!(
+            "{e:#}: missing {:?}; answered otherwise: {failed:?}",
+            missing(&requests)
         );
     }
-    let foreign: Vec<_> = writes
+    // Requests sent after the last expected write count too (node-lifecycle's status patches
+    // once the startup grace ends, retries, reads): give the audit log a moment to have them.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let requests = controller_requests(started)?;
+    let foreign: Vec<&Request> = requests
         .iter()
-        .filter(|(_, user, _)| user != JOB_CONTROLLER_USER)
+        .filter(|r| {
+            IDENTITIES
+                .iter()
+                .find(|(c, _, _)| *c == r.controller)
+                .is_none_or(|(_, a, _)| r.user != format!("system:serviceaccount:kube-system:{a}"))
+        })
         .collect();
     ensure!(
         foreign.is_empty(),
-        "job-controller writes under another identity: {foreign:?}"
+        "controller requests under another identity: {foreign:?}"
     );
-    // The caches stay under Pilothouse's own identity.
-    let cache_reader = audit::read(&cluster().audit_log())?.into_iter().any(|e| {
-        e.verb == "watch"
-            && e.received().is_some_and(|t| t >= started)
-            && e.user.username == PILOTHOUSE_USER
-            && e.object_ref.as_ref().is_some_and(|o| o.resource == "jobs")
-    });
-    ensure!(cache_reader, "no jobs watch by {PILOTHOUSE_USER}");
+    // Each identity has what its controller needs: nothing refused, reads included.
+    let refused: Vec<&Request> = requests.iter().filter(|r| r.code == 403).collect();
+    ensure!(refused.is_empty(), "requests refused (RBAC): {refused:?}");
+
+    // Pilothouse's own identity reads (every cache's watch is its: streaming lists, so a watch
+    // that has not ended is logged only as started) and writes only its own.
+    let own = audit::read(&cluster().audit_log())?;
+    let own: Vec<_> = own
+        .iter()
+        .filter(|e| {
+            e.user.username == PILOTHOUSE_USER && e.received().is_some_and(|t| t >= started)
+        })
+        .collect();
+    for resource in [
+        "jobs",
+        "pods",
+        "nodes",
+        "statefulsets",
+        "endpointslices",
+        "nodemaintenances",
+    ] {
+        ensure!(
+            own.iter().any(|e| e.verb == "watch"
+                && e.object_ref
+                    .as_ref()
+                    .is_some_and(|o| o.resource == resource)),
+            "no {resource} watch by {PILOTHOUSE_USER}"
+        );
+    }
+    let own: Vec<_> = own
+        .into_iter()
+        .filter(|e| e.stage == "ResponseComplete")
+        .collect();
+    let other: Vec<String> = own
+        .iter()
+        .filter(|e| !["get", "list", "watch"].contains(&e.verb.as_str()))
+        .filter_map(|e| {
+            let r = resource_of(e.object_ref.as_ref()?);
+            (!OWN_WRITES.contains(&r.as_str()))
+                .then(|| format!("{} {r} ({})", e.verb, e.user_agent))
+        })
+        .collect();
+    ensure!(
+        other.is_empty(),
+        "{PILOTHOUSE_USER} wrote what a controller's identity should: {other:?}"
+    );
+
+    let nodes: Api<Node> = Api::all(cluster().client().await?);
+    let nms: Api<pilothouse_tests::maintenance::NodeMaintenance> =
+        Api::all(cluster().client().await?);
+    // Its finalizer is Pilothouse's to remove: gone before Pilothouse stops.
+    nms.delete(&drained, &DeleteParams::default()).await?;
+    wait::until(
+        "the NodeMaintenance gone",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { Ok(nms.get_opt(&drained).await?.is_none().then_some(())) },
+    )
+    .await?;
+    for node in [&tainted, &drained] {
+        nodes.delete(node, &DeleteParams::default()).await?;
+    }
     cluster().delete_namespace(&ns).await?;
     Ok(())
 }
@@ -224,6 +488,7 @@ async fn secure_port_and_controller_identities() -> Result<()> {
 /// `--tls-cert-file`/`--tls-private-key-file` are what is served (checked by trusting only that
 /// certificate), and a missing file stops the start with its name.
 async fn serving_certificate_files() -> Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let dir = log_dir().join(unique("serving-pki"));
     std::fs::create_dir_all(&dir)?;
     let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
@@ -279,10 +544,8 @@ async fn serving_certificate_files() -> Result<()> {
 fn main() -> ! {
     pilothouse_tests::harness::main(
         "serving",
-        ClusterOptions {
-            replace: Some(vec!["job-controller"]),
-            ..Default::default()
-        },
+        // kcm runs none of the controllers Pilothouse has built.
+        ClusterOptions::default(),
         None,
         vec![
             trial(
