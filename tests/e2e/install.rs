@@ -2,8 +2,9 @@
 //! image, the alerts and the dashboard, against one local control plane.
 //!
 //! - The chart lints, refuses `*` in `--controllers`, renders exactly the Kustomize base (and
-//!   manifests/rbac.yaml verbatim; with `useServiceAccountCredentials` also
-//!   rbac-service-account-credentials.yaml and the flag), and passes the API server's dry run.
+//!   manifests/rbac.yaml and rbac-controllers.yaml verbatim; with `useServiceAccountCredentials`
+//!   rbac-service-account-credentials.yaml in place of the latter, and the flag), and passes the
+//!   API server's dry run.
 //! - The rendered manifests are applied for real: the Deployment's two pods land on two nodes
 //!   (required anti-affinity) and the PodDisruptionBudget allows one disruption.
 //! - The image built offline by tests/image/build runs as its user 65532 on a read-only root,
@@ -295,7 +296,8 @@ async fn chart_lints_and_refuses_wildcards() -> Result<()> {
 
 /// Default values render exactly manifests/ (the Kustomize base); monitoring values add exactly
 /// manifests/monitoring, useServiceAccountCredentials exactly its flag and
-/// manifests/rbac-service-account-credentials.yaml; the RBAC is manifests/rbac.yaml's. And the base has what an HA
+/// manifests/rbac-service-account-credentials.yaml in place of rbac-controllers.yaml; the RBAC is
+/// manifests/rbac.yaml's and rbac-controllers.yaml's. And the base has what an HA
 /// kube-system component needs.
 async fn chart_renders_the_kustomize_base() -> Result<()> {
     ensure_monitoring_crds()?;
@@ -316,7 +318,12 @@ async fn chart_renders_the_kustomize_base() -> Result<()> {
     )?;
     // useServiceAccountCredentials adds exactly manifests/rbac-service-account-credentials.yaml
     // and the flag.
+    let manifest = |file: &str| -> Result<BTreeMap<String, Value>> {
+        objects(&std::fs::read_to_string(repo_root().join(file))?)
+    };
+    let controllers_rbac = manifest("manifests/rbac-controllers.yaml")?;
     let mut with_credentials = base.clone();
+    with_credentials.retain(|k, _| !controllers_rbac.contains_key(k));
     with_credentials.extend(objects(&std::fs::read_to_string(
         repo_root().join("manifests/rbac-service-account-credentials.yaml"),
     )?)?);
@@ -335,18 +342,18 @@ async fn chart_renders_the_kustomize_base() -> Result<()> {
         "kustomize manifests + manifests/rbac-service-account-credentials.yaml",
         &with_credentials,
     )?;
-    let rbac = objects(&std::fs::read_to_string(
-        repo_root().join("manifests/rbac.yaml"),
-    )?)?;
+    let mut rbac = manifest("manifests/rbac.yaml")?;
     ensure!(
-        rbac.len() >= 4,
-        "manifests/rbac.yaml parsed to {} objects",
-        rbac.len()
+        rbac.len() >= 4 && controllers_rbac.len() >= 9,
+        "manifests/rbac.yaml and rbac-controllers.yaml parsed to {} and {} objects",
+        rbac.len(),
+        controllers_rbac.len()
     );
+    rbac.extend(controllers_rbac);
     for (k, v) in &rbac {
         ensure!(
             base.get(k) == Some(v),
-            "{k} of manifests/rbac.yaml is not rendered as is"
+            "{k} of manifests/rbac.yaml or rbac-controllers.yaml is not rendered as is"
         );
     }
     let rest: Vec<_> = base.keys().filter(|k| !rbac.contains_key(*k)).collect();
@@ -674,30 +681,35 @@ fn chart_passes_server_dry_run() -> Result<()> {
         .find_map(|l| l.trim().strip_prefix("- --controllers="))
         .context("no --controllers in the default rendering")?;
     let all = format!("controllers={{{list},node-maintenance-controller}}");
-    let rendered = template(&[
-        "--set",
-        MONITORING,
-        "--set",
-        &all,
-        "--set",
-        "useServiceAccountCredentials=true",
-        "--include-crds",
-    ])?;
-    ensure!(
-        rendered.contains("--controllers=") && rendered.contains(",node-maintenance-controller"),
-        "node-maintenance-controller not in the rendered flags"
-    );
-    let want = objects(&rendered)?.len();
-    // kubectl fails when the API server refuses any object; each accepted one is a line.
-    let out = kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&rendered))?;
-    let accepted = out
-        .lines()
-        .filter(|l| l.ends_with("(server dry run)"))
-        .count();
-    ensure!(
-        accepted == want && want > 20,
-        "{accepted} of {want} objects accepted:\n{out}"
-    );
+    // Each RBAC mode once: the controllers' bindings, or the service-account-credentials file.
+    for credentials in ["false", "true"] {
+        let mode = format!("useServiceAccountCredentials={credentials}");
+        let rendered = template(&[
+            "--set",
+            MONITORING,
+            "--set",
+            &all,
+            "--set",
+            &mode,
+            "--include-crds",
+        ])?;
+        ensure!(
+            rendered.contains("--controllers=")
+                && rendered.contains(",node-maintenance-controller"),
+            "node-maintenance-controller not in the rendered flags"
+        );
+        let want = objects(&rendered)?.len();
+        // kubectl fails when the API server refuses any object; each accepted one is a line.
+        let out = kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&rendered))?;
+        let accepted = out
+            .lines()
+            .filter(|l| l.ends_with("(server dry run)"))
+            .count();
+        ensure!(
+            accepted == want && want > 20,
+            "{mode}: {accepted} of {want} objects accepted:\n{out}"
+        );
+    }
     Ok(())
 }
 

@@ -7,10 +7,12 @@
 //! ServiceAccount (ours for node-maintenance): a workload that makes each of them write shows, in
 //! the audit log, each controller's writes under its own user and none refused, while the caches
 //! and the Lease stay under Pilothouse's own, which writes nothing else. Pilothouse runs as its
-//! ServiceAccount with manifests/rbac.yaml and rbac-service-account-credentials.yaml: the shipped
-//! RBAC is proven.
+//! ServiceAccount with manifests/rbac.yaml and rbac-service-account-credentials.yaml (in place of
+//! rbac-controllers.yaml), under which that account may not write what the controllers write:
+//! the shipped RBAC is proven, and the account is read-only for the controllers' objects.
 
 use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -131,6 +133,33 @@ fn controller_of(user_agent: &str) -> Option<&'static str> {
         .find(|c| user_agent.ends_with(&format!("pilothouse/{c}")))
 }
 
+/// Whether kube-system's ServiceAccount `who` may `verb` `resource[/subresource]` (named `name`,
+/// or any) in kube-system (a SubjectAccessReview: the API server's own answer).
+async fn allowed(who: &str, verb: &str, resource: &str, name: &str) -> Result<bool> {
+    let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
+    let group = match resource {
+        "jobs" => "batch",
+        "endpointslices" => "discovery.k8s.io",
+        "controllerrevisions" => "apps",
+        "nodemaintenances" => "pilothouse.dev",
+        _ => "",
+    };
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {
+            "user": format!("system:serviceaccount:kube-system:{who}"),
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
+            "resourceAttributes": {
+                "namespace": "kube-system", "verb": verb, "group": group,
+                "resource": resource, "subresource": subresource, "name": name
+            }
+        }
+    }))?;
+    let answer = Api::<SubjectAccessReview>::all(cluster().client().await?)
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
 /// One request by a controller, as the audit log saw it.
 #[derive(Clone, Debug)]
 struct Request {
@@ -214,33 +243,48 @@ async fn secure_port_and_controller_identities() -> Result<()> {
     pilothouse_tests::maintenance::install_crd(cluster()).await?;
     let port = cluster().reserve_port()?;
     let addr = format!("127.0.0.1:{port}");
-    let kubeconfig = cluster().pilothouse_service_account_kubeconfig()?;
-    let extra =
-        pilothouse_tests::repo_root().join("manifests/rbac-service-account-credentials.yaml");
-    cluster().kubectl(&["apply", "-f", &extra.to_string_lossy()])?;
+    // Service-account mode's RBAC: rbac-service-account-credentials.yaml instead of
+    // rbac-controllers.yaml, so the pilothouse account holds no controller's role.
+    let kubeconfig = cluster().pilothouse_service_account_kubeconfig_with(&[
+        "manifests/rbac.yaml",
+        "manifests/rbac-service-account-credentials.yaml",
+    ])?;
     // The API server's authorizer learns bindings from a watch: Pilothouse stops on a refused
-    // token request at start, and a controller's first events would be refused.
-    for (verb, who) in [("create serviceaccounts/token", "pilothouse")] {
-        let (verb, resource) = verb.split_once(' ').unwrap_or_default();
-        let user = format!("--as=system:serviceaccount:kube-system:{who}");
+    // token request at start, and a controller's first events would be refused. The events
+    // binding is the file's last object.
+    for (who, verb, resource, name) in [
+        (
+            "pilothouse",
+            "create",
+            "serviceaccounts/token",
+            "job-controller",
+        ),
+        ("node-maintenance-controller", "create", "events", ""),
+    ] {
         wait::until(
             &format!("{who} allowed to {verb} {resource}"),
             Duration::from_secs(30),
             Duration::from_millis(200),
-            || async {
-                let out = cluster().kubectl(&[
-                    "auth",
-                    "can-i",
-                    verb,
-                    resource,
-                    "-n",
-                    "kube-system",
-                    &user,
-                ]);
-                Ok(out.is_ok_and(|o| o.trim() == "yes").then_some(()))
-            },
+            || async { Ok(allowed(who, verb, resource, name).await?.then_some(())) },
         )
         .await?;
+    }
+    // Reading is all the pilothouse account may do with what the controllers write.
+    for (verb, resource) in [
+        ("create", "pods"),
+        ("delete", "pods"),
+        ("update", "jobs/status"),
+        ("create", "jobs"),
+        ("patch", "nodes"),
+        ("create", "endpointslices"),
+        ("create", "controllerrevisions"),
+        ("patch", "nodemaintenances/status"),
+        ("create", "events"),
+    ] {
+        ensure!(
+            !allowed("pilothouse", verb, resource, "").await?,
+            "the pilothouse account may {verb} {resource} in service-account mode"
+        );
     }
     let started = k8s_openapi::jiff::Timestamp::now();
     let p = Pilothouse::spawn(

@@ -144,12 +144,23 @@ impl Cluster {
         Ok(String::from_utf8(out.stdout)?)
     }
 
-    /// Applies manifests/rbac.yaml and returns a kubeconfig that authenticates as the
+    /// Applies manifests/rbac.yaml and rbac-controllers.yaml and returns a kubeconfig that authenticates as the
     /// `kube-system/pilothouse` ServiceAccount (a TokenRequest token), so a test run proves the
     /// shipped RBAC is enough.
     pub fn pilothouse_service_account_kubeconfig(&self) -> Result<PathBuf> {
-        let rbac = crate::repo_root().join("manifests/rbac.yaml");
-        self.kubectl(&["apply", "-f", &rbac.to_string_lossy()])?;
+        self.pilothouse_service_account_kubeconfig_with(&[
+            "manifests/rbac.yaml",
+            "manifests/rbac-controllers.yaml",
+        ])
+    }
+
+    /// [`Cluster::pilothouse_service_account_kubeconfig`] with these RBAC files (relative to the
+    /// repository root) applied in order.
+    pub fn pilothouse_service_account_kubeconfig_with(&self, rbac: &[&str]) -> Result<PathBuf> {
+        for file in rbac {
+            let path = crate::repo_root().join(file);
+            self.kubectl(&["apply", "-f", &path.to_string_lossy()])?;
+        }
         let token = self.kubectl(&[
             "-n",
             "kube-system",

@@ -62,7 +62,8 @@ where
 /// The Pilothouse a suite runs for all its tests.
 pub struct SuitePilothouse {
     pub args: Vec<String>,
-    /// Run as the `kube-system/pilothouse` ServiceAccount with manifests/rbac.yaml applied (and
+    /// Run as the `kube-system/pilothouse` ServiceAccount with manifests/rbac.yaml and
+    /// rbac-controllers.yaml applied (and
     /// the default Lease name, which that RBAC names), rather than as cluster admin.
     pub as_service_account: bool,
 }
