@@ -1,9 +1,12 @@
 //! A guard against running a controller twice: while this replica leads, a write by
 //! kube-controller-manager to what one of our running controllers owns (seen in the objects'
 //! `managedFields`, before the caches drop them) means kcm still runs that controller. It is said
-//! loudly instead of fought silently: an error log, `pilothouse_conflicting_writes_total`, and
-//! `/readyz` failing with the controller, object and time for 10 minutes after the last one.
+//! loudly instead of fought silently: an error log, a Warning event on the object
+//! ([`REASON`]), `pilothouse_conflicting_writes_total`, and `/readyz` failing with the
+//! controller, object and time for 10 minutes after the last one.
 
+use crate::events::EventRecorder;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -14,6 +17,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 /// kube-controller-manager's field manager (client-go names it after the binary).
 pub const KCM_MANAGER: &str = "kube-controller-manager";
+/// The reason of the Warning event on the object kube-controller-manager wrote.
+pub const REASON: &str = "ConflictingWrite";
 /// How long `/readyz` reports a conflict after the last write seen.
 pub const REPORT_SECONDS: i64 = 600;
 /// managedFields times have one-second resolution: a kcm write in the second we took over is
@@ -83,6 +88,18 @@ pub fn owned_by(controller: &'static str) -> Vec<Owned> {
     }
 }
 
+/// The apiVersion and kind of a guarded resource.
+fn kind_of(resource: &str) -> Option<(&'static str, &'static str)> {
+    Some(match resource {
+        "jobs" => ("batch/v1", "Job"),
+        "cronjobs" => ("batch/v1", "CronJob"),
+        "statefulsets" => ("apps/v1", "StatefulSet"),
+        "endpointslices" => ("discovery.k8s.io/v1", "EndpointSlice"),
+        "nodes" => ("v1", "Node"),
+        _ => return None,
+    })
+}
+
 /// One conflicting write.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
@@ -104,6 +121,8 @@ pub struct ConflictLabels {
 #[derive(Default)]
 pub struct Conflicts {
     owned: Mutex<Vec<Owned>>,
+    /// Each guarded controller's event recorder (its source and budget).
+    recorders: Mutex<HashMap<&'static str, EventRecorder>>,
     /// Unix seconds since which our controllers run (0: not leading, nothing is a conflict).
     armed_since: AtomicI64,
     /// The newest conflicting write counted per (controller, object), so each is counted once.
@@ -113,9 +132,12 @@ pub struct Conflicts {
 }
 
 impl Conflicts {
-    /// Guards what `controller` owns (when it is enabled).
-    pub fn guard(&self, controller: &'static str) {
+    /// Guards what `controller` owns (when it is enabled), reporting through `events`.
+    pub fn guard(&self, controller: &'static str, events: Option<EventRecorder>) {
         crate::lock(&self.owned).extend(owned_by(controller));
+        if let Some(events) = events {
+            crate::lock(&self.recorders).insert(controller, events);
+        }
     }
 
     /// Our controllers run from `now` (Unix seconds) on; `None` when they stop.
@@ -193,6 +215,27 @@ impl Conflicts {
             "kube-controller-manager is still running this controller: it wrote an object this replica's controller owns; turn it off in kube-controller-manager (--controllers=...,-{})",
             o.controller
         );
+        let recorder = crate::lock(&self.recorders).get(o.controller).cloned();
+        if let (Some(events), Some((api_version, kind))) = (recorder, kind_of(o.resource)) {
+            let regarding = ObjectReference {
+                api_version: Some(api_version.to_string()),
+                kind: Some(kind.to_string()),
+                namespace: meta.namespace.clone(),
+                name: meta.name.clone(),
+                uid: meta.uid.clone(),
+                resource_version: meta.resource_version.clone(),
+                ..Default::default()
+            };
+            events.warning(
+                &regarding,
+                REASON,
+                "Conflict",
+                format!(
+                    "{KCM_MANAGER} wrote {subject} while {} runs in Pilothouse: it still runs that controller; turn it off there (--controllers=...,-{})",
+                    o.controller, o.controller
+                ),
+            );
+        }
         self.counter
             .get_or_create(&ConflictLabels {
                 controller: o.controller.to_string(),
@@ -252,7 +295,7 @@ mod tests {
     #[test]
     fn only_kcm_writes_after_taking_over_count() {
         let c = Conflicts::default();
-        c.guard("job-controller");
+        c.guard("job-controller", None);
         let status = serde_json::json!({"f:status": {"f:active": {}}});
         // Not leading: nothing counts.
         c.observe(
@@ -321,11 +364,67 @@ mod tests {
         assert_eq!(c.counter.get_or_create(&labels).get(), 1);
     }
 
+    #[tokio::test]
+    async fn a_conflict_is_a_warning_event_on_the_object() {
+        let kit = crate::testkit::Kit::new();
+        let c = Conflicts::default();
+        let events = kit.setup("job-controller", "job-controller").events;
+        c.guard("job-controller", Some(events));
+        c.arm(Some(1_000));
+        let mut m = meta(
+            vec![entry(
+                KCM_MANAGER,
+                "status",
+                1_500,
+                serde_json::json!({"f:status": {}}),
+            )],
+            &[],
+        );
+        m.uid = Some("uid-1".into());
+        c.observe("jobs", &m);
+        // Events are written in the background.
+        let mut written = Vec::new();
+        for _ in 0..200 {
+            written = kit
+                .api
+                .calls()
+                .into_iter()
+                .filter_map(|call| match call {
+                    crate::writer::Call::Create(t, v) if t.plural == "events" => Some(v),
+                    _ => None,
+                })
+                .collect();
+            if !written.is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(written.len(), 1, "{written:?}");
+        let e = &written[0];
+        assert_eq!(
+            (&e["type"], &e["reason"]),
+            (&"Warning".into(), &REASON.into())
+        );
+        assert_eq!(
+            (
+                &e["involvedObject"]["kind"],
+                &e["involvedObject"]["name"],
+                &e["involvedObject"]["uid"]
+            ),
+            (&"Job".into(), &"x".into(), &"uid-1".into())
+        );
+        let message = e["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("jobs/status") && message.contains("-job-controller"),
+            "{message}"
+        );
+    }
+
     #[test]
     fn fields_and_labels_tell_kcm_controllers_apart() {
         let c = Conflicts::default();
-        c.guard("node-lifecycle-controller");
-        c.guard("endpointslice-controller");
+        c.guard("node-lifecycle-controller", None);
+        c.guard("endpointslice-controller", None);
         c.arm(Some(1_000));
         // attach-detach writes volumesAttached in nodes/status: not node lifecycle.
         c.observe(

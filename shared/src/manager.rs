@@ -198,15 +198,17 @@ pub async fn run(
         let setup = factory
             .setup(&reg.declaration)
             .map_err(|source| ManagerError::Init { name, source })?;
+        // A conflict is reported as a Warning on the object, from the budget of the controller
+        // that owns it.
+        informers
+            .conflicts()
+            .guard(name, Some(setup.events.clone()));
         controllers.push((
             name,
             init(setup).map_err(|source| ManagerError::Init { name, source })?,
         ));
     }
     let conflicts = informers.conflicts();
-    for name in &enabled {
-        conflicts.guard(name);
-    }
     metrics.register(
         "pilothouse_conflicting_writes",
         "Writes by kube-controller-manager to objects a running Pilothouse controller owns (it still runs that controller)",

@@ -2,7 +2,7 @@
 //! kube-controller-manager still runs its job controller (the reference plane, all of kcm's
 //! controllers on), a Pilothouse running job-controller sees kcm write a Job's status after it
 //! took over, and says so: `/readyz` fails naming the controller and the Job, and
-//! `pilothouse_conflicting_writes_total` counts it. Before any such write, `/readyz` is ready.
+//! `pilothouse_conflicting_writes_total` counts it, and a Warning event on the Job says so. Before any such write, `/readyz` is ready.
 
 use anyhow::{Result, ensure};
 use pilothouse_tests::cluster::ClusterOptions;
@@ -35,13 +35,13 @@ async fn kcm_still_running_job_controller_is_reported() -> Result<()> {
     let ns = cluster().namespace("conflict").await?;
     k8s::wait_service_account(&client, &ns).await?;
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(armed.elapsed())).await;
-    Jobs::new(client, &ns)
-        .create(&jobs::job(
-            "twice",
-            json!({"completions": 1}),
-            jobs::template(Some(0), "2s"),
-        )?)
-        .await?;
+    let j = Jobs::new(client, &ns);
+    j.create(&jobs::job(
+        "twice",
+        json!({"completions": 1}),
+        jobs::template(Some(0), "2s"),
+    )?)
+    .await?;
     let body = wait::until(
         "/readyz reporting kube-controller-manager",
         Duration::from_secs(60),
@@ -69,6 +69,16 @@ async fn kcm_still_running_job_controller_is_reported() -> Result<()> {
         p.log_text()
             .contains("kube-controller-manager is still running this controller"),
         "no error logged"
+    );
+    // And a Warning on the Job, from the job controller's recorder.
+    j.wait_event("twice", "ConflictingWrite").await?;
+    let events = j.events("twice", "ConflictingWrite").await?;
+    ensure!(
+        events.iter().any(|e| e.type_.as_deref() == Some("Warning")
+            && e.note
+                .as_deref()
+                .is_some_and(|m| m.contains("-job-controller"))),
+        "no Warning ConflictingWrite naming the flag: {events:?}"
     );
     Ok(())
 }
