@@ -41,7 +41,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
-/// Pilothouse's identity on every plane (manifests/rbac.yaml).
+/// Pilothouse's identity on every plane (manifests/rbac.yaml and rbac-controllers.yaml).
 const PH_USER: &str = "system:serviceaccount:kube-system:pilothouse";
 /// kube-controller-manager runs with `--use-service-account-credentials`: each controller writes
 /// as its own ServiceAccount (§1.1). The audit log confirms it: any other writer fails the run.

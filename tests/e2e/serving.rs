@@ -244,7 +244,15 @@ async fn secure_port_and_controller_identities() -> Result<()> {
     let port = cluster().reserve_port()?;
     let addr = format!("127.0.0.1:{port}");
     // Service-account mode's RBAC: rbac-service-account-credentials.yaml instead of
-    // rbac-controllers.yaml, so the pilothouse account holds no controller's role.
+    // rbac-controllers.yaml, so the pilothouse account holds no controller's role (a plane left
+    // by an earlier run may hold those bindings: they go first).
+    let controllers_rbac = pilothouse_tests::repo_root().join("manifests/rbac-controllers.yaml");
+    cluster().kubectl(&[
+        "delete",
+        "--ignore-not-found",
+        "-f",
+        &controllers_rbac.to_string_lossy(),
+    ])?;
     let kubeconfig = cluster().pilothouse_service_account_kubeconfig_with(&[
         "manifests/rbac.yaml",
         "manifests/rbac-service-account-credentials.yaml",
