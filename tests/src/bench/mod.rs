@@ -78,11 +78,14 @@ fn controllers_of(workload: &str) -> Vec<&'static str> {
         // taint-eviction controller is off, as `--replace` needs one name.
         "node-drain" => vec!["taint-eviction-controller"],
         w if w.starts_with("es-") => vec!["endpointslice-controller"],
-        // The controllers of the first four issues, on both sides (statefulset-controller is
-        // not in it yet: its results predate that controller).
+        // Every built controller that kube-controller-manager also has, on both sides (what
+        // each caches is the point: pods above all).
         "idle-scale" => vec![
             "job-controller",
             "cronjob-controller",
+            "statefulset-controller",
+            "endpointslice-controller",
+            "endpointslice-mirroring-controller",
             "node-lifecycle-controller",
             "taint-eviction-controller",
         ],
