@@ -193,6 +193,16 @@ impl NodeLifecycle {
                 if pending.contains(zone) {
                     continue;
                 }
+                // A node queued by a sync that ran while this controller's NoExecute write to
+                // it was under way is already tainted (or no longer needs a taint): it leaves
+                // without a token. Upstream never queues it twice (its queue remembers a
+                // tainted node until it recovers); taking a token for it here delayed the
+                // zone's next node by a whole token period.
+                while let Some((name, _)) = z.queue.front()
+                    && !self.needs_taint(name)
+                {
+                    z.queue.pop_front();
+                }
                 while z
                     .queue
                     .front()
@@ -210,6 +220,18 @@ impl NodeLifecycle {
         for (zone, name, queued_at) in picks {
             let this = Arc::clone(self);
             tokio::spawn(async move { this.taint(zone, name, queued_at, now).await });
+        }
+    }
+
+    /// Whether a queued node still waits for its first NoExecute taint, as this controller's
+    /// latest write left it (a node gone from the cache is the tainting task's to forget).
+    fn needs_taint(&self, name: &str) -> bool {
+        match self.nodes.get(name) {
+            Some(cached) => matches!(
+                plan::no_execute_step(&self.act.own.freshest(cached)),
+                plan::NoExecuteStep::Enqueue
+            ),
+            None => true,
         }
     }
 
