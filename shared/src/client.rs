@@ -28,14 +28,17 @@ pub trait WriteFence: Send + Sync + std::fmt::Debug {
 /// leave free before it is given up.
 pub const LOW_PRIORITY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// After this long without a free token, a low-priority request queues like any other, at most
-/// [`LOW_PRIORITY_QUEUED`] at a time: events keep flowing under a saturated budget instead of
-/// starving (upstream's share the client first come, first served), while object writes keep
-/// most of it.
+/// After this long without a free token, a low-priority request queues among the object writes,
+/// one at a time and at most [`LOW_PRIORITY_SHARE`] of the budget: events keep flowing under a
+/// saturated budget instead of starving, while object writes keep the rest of it.
 pub const LOW_PRIORITY_STARVED: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Starved low-priority requests queued among the object writes at once.
-pub const LOW_PRIORITY_QUEUED: usize = 4;
+/// The share of a saturated budget starved low-priority requests may take. Upstream's event
+/// sink takes one turn in every round of its controller's writers (a sixth of the budget for
+/// five workers, more for fewer); this bounds events to a tenth whatever the worker count, so
+/// a saturated controller converges sooner than upstream's and drops (and counts) the events
+/// that cannot wait, as upstream's recorder does beyond its queue of 1,000.
+pub const LOW_PRIORITY_SHARE: f64 = 0.1;
 
 /// Re-sends of one request the server asked to be retried later (client-go's default).
 pub const MAX_RETRY_AFTER: u32 = 10;
@@ -116,7 +119,7 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
                 .bucket
                 .unwrap_or_else(|| Arc::new(TokenBucket::new(f64::from(spec.qps), spec.burst))),
             low_priority: spec.low_priority,
-            starved: tokio::sync::Semaphore::new(LOW_PRIORITY_QUEUED),
+            starved: tokio::sync::Mutex::new(None),
             user_agent: HeaderValue::from_str(&user_agent(&spec.controller))
                 .unwrap_or_else(|_| HeaderValue::from_static("pilothouse")),
             controller: spec.controller,
@@ -146,8 +149,10 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
 struct Shared {
     bucket: Arc<TokenBucket>,
     low_priority: bool,
-    /// At most [`LOW_PRIORITY_QUEUED`] starved low-priority requests hold a reservation.
-    starved: tokio::sync::Semaphore,
+    /// Held by the one starved low-priority request taking its turn; when the next turn may
+    /// start (spaced so that starved requests take at most [`LOW_PRIORITY_SHARE`] of the
+    /// budget).
+    starved: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     user_agent: HeaderValue,
     controller: String,
     host: String,
@@ -255,15 +260,26 @@ impl Shared {
                             .await;
                         continue;
                     }
-                    // Starved: queue behind the writes already reserved, a few at a time.
+                    // Starved: queue behind the writes already reserved, one at a time and
+                    // spaced out to the share events may take.
                     let patience = LOW_PRIORITY_PATIENCE.saturating_sub(elapsed);
-                    let permit = tokio::time::timeout(patience, self.starved.acquire()).await;
-                    let Ok(Ok(_permit)) = permit else {
+                    let turn = tokio::time::timeout(patience, async {
+                        let turn = self.starved.lock().await;
+                        if let Some(at) = *turn {
+                            tokio::time::sleep_until(at).await;
+                        }
+                        turn
+                    })
+                    .await;
+                    let Ok(mut turn) = turn else {
                         return Err(Box::new(BudgetExhausted {
                             method: method.clone(),
                             path: path.to_string(),
                         }) as BoxError);
                     };
+                    // Spaced from the start of this turn: a turn that waits its token longer
+                    // than the spacing delays the next by no more.
+                    *turn = tokio::time::Instant::now().checked_add(self.starved_spacing());
                     if self.bucket.take_if_free().is_err() {
                         tokio::time::sleep(self.bucket.reserve()).await;
                     }
@@ -281,6 +297,15 @@ impl Shared {
                 .observe(t.elapsed().as_secs_f64());
         }
         Ok(waited)
+    }
+
+    /// The time between two starved low-priority turns: one token in every
+    /// `1 / LOW_PRIORITY_SHARE` the budget gives out (bounded, for a tiny or unlimited qps).
+    fn starved_spacing(&self) -> std::time::Duration {
+        let per_turn = 1.0 / (self.bucket.qps() * LOW_PRIORITY_SHARE);
+        std::time::Duration::try_from_secs_f64(per_turn)
+            .unwrap_or(LOW_PRIORITY_PATIENCE)
+            .min(LOW_PRIORITY_PATIENCE)
     }
 
     fn reserve(&self) -> Option<std::time::Duration> {
@@ -547,6 +572,69 @@ mod tests {
         let at = seen.lock().unwrap().clone();
         assert_eq!(at.len(), 3);
         assert!(at[2].duration_since(at[0]) >= std::time::Duration::from_millis(1900));
+    }
+
+    /// Under a budget its object writes keep saturated, a controller's events wait a second,
+    /// then take one turn at a time, at most LOW_PRIORITY_SHARE of the tokens: four writers
+    /// and a hundred events at 20 qps for 4 s give the events about 2 a second after the first
+    /// one (four turns at once, as before, gave them about half).
+    #[tokio::test]
+    async fn starved_events_take_at_most_their_share() {
+        let (addr, seen) = scripted(vec![(200, None)]).await;
+        let config = Config::new(format!("http://{addr}").parse().unwrap());
+        let metrics = Metrics::new();
+        let bucket = Arc::new(TokenBucket::new(20.0, 1));
+        let spec = |low_priority| ClientSpec {
+            bucket: Some(Arc::clone(&bucket)),
+            low_priority,
+            ..ClientSpec::new("test", 20.0, 1)
+        };
+        let writes = build(&config, spec(false), &metrics).unwrap();
+        let events = build(&config, spec(true), &metrics).unwrap();
+        let window = std::time::Duration::from_secs(4);
+        let t = StdInstant::now();
+        let sent_writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let sent_events = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let (client, n) = (writes.clone(), Arc::clone(&sent_writes));
+            tasks.push(tokio::spawn(async move {
+                while t.elapsed() < window {
+                    delete_pod(client.clone()).await.unwrap();
+                    n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }));
+        }
+        for _ in 0..100 {
+            let (client, n) = (events.clone(), Arc::clone(&sent_events));
+            tasks.push(tokio::spawn(async move {
+                if tokio::time::timeout(window, delete_pod(client))
+                    .await
+                    .is_ok()
+                {
+                    n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let (w, e) = (
+            sent_writes.load(std::sync::atomic::Ordering::Relaxed),
+            sent_events.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        // 4 s at 20 qps from a burst of 1: 81 tokens. Starved from 1 s, the events' turns
+        // are 0.5 s apart: at most 7 by 4 s.
+        assert!((3..=7).contains(&e), "{e} events, {w} writes");
+        assert!(w >= 70, "{e} events, {w} writes");
+        // The writers reserve past the window; what arrived within it kept to the budget.
+        let arrived = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|at| at.duration_since(t) <= window)
+            .count();
+        assert!(arrived <= 82, "{arrived} requests in {window:?} at 20 qps");
     }
 
     #[test]

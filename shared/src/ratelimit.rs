@@ -37,6 +37,11 @@ impl TokenBucket {
         }
     }
 
+    /// Tokens per second (`<= 0` is unlimited).
+    pub fn qps(&self) -> f64 {
+        self.qps
+    }
+
     /// Takes one token and returns the delay before it may be used.
     pub fn reserve(&self) -> Duration {
         self.reserve_at(Instant::now())
