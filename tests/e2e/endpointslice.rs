@@ -1,10 +1,10 @@
 //! End-to-end tests of `endpointslice-controller` and `endpointslice-mirroring-controller`
-//! (spec §3-4, scenarios E1..E5, E7, E9, E11..E13; E6 is covered by sync tests, as kwok pods
-//! have IPv4 addresses only; E8 and E10 need planes of their own and run in the differential
-//! suite), against a local control plane whose kube-controller-manager runs everything but
-//! those two, with one Pilothouse running them as the `kube-system/pilothouse` ServiceAccount
-//! with the shipped RBAC. Each test owns a namespace; pods run on the shared kwok
-//! nodes (three, one per zone), which give them IPs and turn them Ready.
+//! (spec §3-4, scenarios E1..E7, E9, E11..E13; E8 and E10 need planes of their own and run
+//! in the differential suite), against a local control plane whose kube-controller-manager
+//! runs everything but those two, with one Pilothouse running them as the
+//! `kube-system/pilothouse` ServiceAccount with the shipped RBAC. Each test owns a namespace;
+//! pods run on the shared kwok nodes (three, one per zone), which give them IPs (an IPv6 one
+//! too where annotated) and turn them Ready.
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -432,6 +432,131 @@ async fn e4_conditions() -> Result<()> {
     ensure!(
         p.iter().flat_map(endpoints).all(|e| e.hostname.is_none()),
         "hostname only for its own subdomain"
+    );
+    Ok(())
+}
+
+/// E6: a dual-stack Service gets one slice per address family; IPv6 addresses written in a
+/// non-canonical form (upper case, leading zeros) are published canonical; dropping the IPv6
+/// family deletes its slice. Two creates and one delete, nothing else.
+async fn e6_dual_stack() -> Result<()> {
+    let n = ns("e6").await?;
+    // kwok gives pods IPv4 addresses; the stage adds the annotated IPv6 one as the second.
+    let v6 = [
+        ("a", "FD00:0:0:0:0:0:0:00A1", "fd00::a1"),
+        ("b", "fd00:0000::0b2", "fd00::b2"),
+    ];
+    for (name, fed, _) in v6 {
+        n.create_pods(
+            "dual",
+            [name.to_string()],
+            json!({"metadata": {"annotations": {"pilothouse.test/ipv6": fed}}}),
+        )
+        .await?;
+    }
+    let pods = wait::until(
+        "pods running with two addresses",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || async {
+            let mut ips = BTreeMap::new();
+            for (name, _, _) in v6 {
+                let p = n.pods.get(name).await?;
+                let got: Vec<String> = p
+                    .status
+                    .and_then(|s| s.pod_ips)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|i| i.ip)
+                    .collect();
+                if got.len() != 2 {
+                    return Ok(None);
+                }
+                ips.insert(name, got);
+            }
+            Ok(Some(ips))
+        },
+    )
+    .await?;
+    // The API server keeps them as written; only the slices are canonical.
+    for (name, fed, _) in v6 {
+        ensure!(pods[name][1] == fed, "{name}: {:?}", pods[name]);
+    }
+    n.create_service(&service(
+        "dual",
+        json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"]}}),
+    )?)
+    .await?;
+    let by_family = |s: &[EndpointSlice]| -> BTreeMap<String, Vec<(String, String)>> {
+        let mut out: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for slice in s {
+            let e = out.entry(slice.address_type.clone()).or_default();
+            for ep in endpoints(slice) {
+                for a in &ep.addresses {
+                    e.push((target(ep), a.clone()));
+                }
+            }
+            e.sort();
+        }
+        out
+    };
+    let s = n
+        .wait_slices("a slice per family", "dual", Duration::from_secs(30), |s| {
+            let f = by_family(s);
+            s.len() == 2 && f.values().all(|eps| eps.len() == 2)
+        })
+        .await?;
+    let want = BTreeMap::from([
+        (
+            "IPv4".to_string(),
+            vec![
+                ("a".to_string(), pods["a"][0].clone()),
+                ("b".to_string(), pods["b"][0].clone()),
+            ],
+        ),
+        (
+            "IPv6".to_string(),
+            v6.iter()
+                .map(|(name, _, canonical)| (name.to_string(), canonical.to_string()))
+                .collect(),
+        ),
+    ]);
+    ensure!(by_family(&s) == want, "{:?} != {want:?}", by_family(&s));
+    // Down to IPv4 only: the IPv6 slice goes, the IPv4 one stays as it was.
+    let v4_uid = s
+        .iter()
+        .find(|x| x.address_type == "IPv4")
+        .and_then(|x| x.metadata.uid.clone());
+    let svc = n.services.get("dual").await?;
+    let first_ip = svc
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("the Service's clusterIP")?;
+    n.services
+        .patch(
+            "dual",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "ipFamilyPolicy": "SingleStack",
+                "ipFamilies": ["IPv4"],
+                "clusterIPs": [first_ip]
+            }})),
+        )
+        .await?;
+    let s = n
+        .wait_slices(
+            "the IPv6 slice deleted",
+            "dual",
+            Duration::from_secs(30),
+            |s| s.len() == 1 && s[0].address_type == "IPv4",
+        )
+        .await?;
+    ensure!(s[0].metadata.uid == v4_uid, "the IPv4 slice was replaced");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = n.slice_writes()?;
+    ensure!(
+        writes == BTreeMap::from([("create".to_string(), 2), ("delete".to_string(), 1)]),
+        "{writes:?}"
     );
     Ok(())
 }
@@ -1065,6 +1190,7 @@ fn main() -> ! {
         trial("e2_placeholder", e2_placeholder),
         trial("e3_port_sets", e3_port_sets),
         trial("e4_conditions", e4_conditions),
+        trial("e6_dual_stack", e6_dual_stack),
         trial("e7_self_healing", e7_self_healing),
         trial("e13_selector_removal", e13_selector_removal),
         trial("e9_topology", e9_topology),
