@@ -482,6 +482,9 @@ async fn e6_dual_stack() -> Result<()> {
     for (name, fed, _) in v6 {
         ensure!(pods[name][1] == fed, "{name}: {:?}", pods[name]);
     }
+    // Pods and Services come on separate watches: the Service must not reach Pilothouse before
+    // the pods' addresses do, or its first slices are written twice (the count below is exact).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     n.create_service(&service(
         "dual",
         json!({"spec": {"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"]}}),
