@@ -191,11 +191,11 @@ pub fn consent_message(missing: &[(Consent, String)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
+    use k8s_openapi::api::core::v1::EmptyDirVolumeSource;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         LabelSelectorRequirement, ObjectMeta, OwnerReference, Time,
     };
-    use shared::pod::{PodSpec, PodStatus};
+    use shared::pod::{PodSpec, PodStatus, Volume};
 
     fn now() -> Timestamp {
         "2026-01-01T00:10:00Z".parse().unwrap()

@@ -5,7 +5,7 @@
 use crate::types::*;
 use crate::{DECLARATION, Options, init};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Node, NodeSpec, Taint, Volume};
+use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Node, NodeSpec, Taint};
 use k8s_openapi::api::policy::v1::{
     PodDisruptionBudget, PodDisruptionBudgetSpec, PodDisruptionBudgetStatus,
 };
@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReferen
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
-use shared::pod::{Pod, PodSpec, PodStatus};
+use shared::pod::{Pod, PodSpec, PodStatus, Volume};
 use shared::testkit::{Kit, Running, api_error, eventually, settle};
 use shared::writer::Call;
 use std::time::Duration;
