@@ -2,7 +2,8 @@
 //! straight from the API server's JSON (serde skips the rest), so a pod costs a fraction of
 //! `k8s_openapi`'s `Pod` (whose spec and containers are kilobytes even when empty) and a field no
 //! controller reads cannot be read at all. Field names and types follow `k8s_openapi` so code
-//! reads a cached pod as it would the full one.
+//! reads a cached pod as it would the full one; a volume is [`Volume`], which has the same names
+//! for the three fields it keeps.
 //!
 //! Heavy optional parts (tolerations, volumes, container ports, container statuses) are kept only
 //! when an enabled controller declared them ([`crate::projection::PodFields`]). A controller that
