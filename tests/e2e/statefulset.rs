@@ -516,8 +516,18 @@ async fn s12_adoption() -> Result<()> {
         s["readyReplicas"].as_i64() == Some(4)
     })
     .await?;
-    let events = k8s::events(&n.client, &n.ns, "web", "SuccessfulCreate").await?;
-    ensure!(!events.is_empty(), "no SuccessfulCreate events on the set");
+    // Events yield to object writes: with the suite's sets syncing at once they may come
+    // seconds after the pods (at most a tenth of a saturated budget).
+    wait::until(
+        "SuccessfulCreate events on the set",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let events = k8s::events(&n.client, &n.ns, "web", "SuccessfulCreate").await?;
+            Ok((!events.is_empty()).then_some(()))
+        },
+    )
+    .await?;
     let failed = k8s::events(&n.client, &n.ns, "web", "FailedCreate").await?;
     ensure!(failed.is_empty(), "AlreadyExists drew an event: {failed:?}");
     Ok(())
