@@ -306,11 +306,11 @@ impl Shared {
             }
             // Spaced from the start of this turn: a turn that waits its token longer than the
             // spacing delays the next by no more.
-            *turn = tokio::time::Instant::now().checked_add(self.starved_spacing());
-            let d = self.bucket.reserve();
-            if !d.is_zero() {
-                tokio::time::sleep(d).await;
-            }
+            *turn = Some(crate::queue::far_or(
+                tokio::time::Instant::now(),
+                self.starved_spacing(),
+            ));
+            self.bucket.acquire().await;
         };
         let patience = LOW_PRIORITY_PATIENCE.saturating_sub(elapsed);
         tokio::time::timeout(patience, turn).await.map_err(|_| {

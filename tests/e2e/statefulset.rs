@@ -518,14 +518,13 @@ async fn s12_adoption() -> Result<()> {
     .await?;
     // Events yield to object writes: with the suite's sets syncing at once they may come
     // seconds after the pods (at most a tenth of a saturated budget).
-    wait::until(
-        "SuccessfulCreate events on the set",
+    k8s::wait_events(
+        &n.client,
+        &n.ns,
+        "web",
+        "SuccessfulCreate",
         Duration::from_secs(60),
-        Duration::from_millis(500),
-        || async {
-            let events = k8s::events(&n.client, &n.ns, "web", "SuccessfulCreate").await?;
-            Ok((!events.is_empty()).then_some(()))
-        },
+        |e| !e.is_empty(),
     )
     .await?;
     let failed = k8s::events(&n.client, &n.ns, "web", "FailedCreate").await?;

@@ -252,17 +252,13 @@ async fn recovery_cancels_eviction() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     f.remove_taint(q).await?;
     let note = format!("Cancelling deletion of Pod {}/p", f.ns);
-    wait::until(
-        "the cancellation event",
+    k8s::wait_events(
+        &f.client,
+        &f.ns,
+        "p",
+        "TaintManagerEviction",
         Duration::from_secs(10),
-        Duration::from_millis(200),
-        || async {
-            let ev = k8s::events(&f.client, &f.ns, "p", "TaintManagerEviction").await?;
-            Ok(ev
-                .iter()
-                .any(|e| e.note.as_deref() == Some(note.as_str()))
-                .then_some(()))
-        },
+        |ev| ev.iter().any(|e| e.note.as_deref() == Some(note.as_str())),
     )
     .await?;
     while t0.elapsed() < Duration::from_secs(14) {

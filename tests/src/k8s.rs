@@ -184,6 +184,28 @@ pub async fn events(client: &Client, ns: &str, name: &str, reason: &str) -> Resu
         .collect())
 }
 
+/// Waits until `name`'s events of `reason` satisfy `done` (events are written asynchronously,
+/// after the object writes they report), and returns them.
+pub async fn wait_events(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+    timeout: Duration,
+    done: impl Fn(&[Event]) -> bool,
+) -> Result<Vec<Event>> {
+    wait::until(
+        &format!("{reason} events on {ns}/{name}"),
+        timeout,
+        Duration::from_millis(200),
+        || async {
+            let ev = events(client, ns, name, reason).await?;
+            Ok(done(&ev).then_some(ev))
+        },
+    )
+    .await
+}
+
 pub fn condition<'a>(
     pod: &'a Pod,
     type_: &str,
