@@ -160,18 +160,6 @@ async fn n1_heartbeat_loss() -> Result<()> {
         "timeAdded missing: {:?}",
         k8s::taints(&node)
     );
-    // NodeNotReady on the node (events for cluster-scoped objects land in "default").
-    let ev = k8s::events(&f.client, "default", &n1, "NodeNotReady").await?;
-    ensure!(
-        ev.iter()
-            .any(|e| e.note.as_deref() == Some(&format!("Node {n1} status is now: NodeNotReady"))),
-        "{ev:?}"
-    );
-    ensure!(
-        ev.iter()
-            .all(|e| e.reporting_controller.as_deref() == Some("node-controller")),
-        "{ev:?}"
-    );
     let p1 = wait::until(
         "p1 NotReady",
         Duration::from_secs(3),
@@ -185,12 +173,6 @@ async fn n1_heartbeat_loss() -> Result<()> {
     )
     .await?;
     ensure!(p1.metadata.deletion_timestamp.is_none());
-    let pod_ev = k8s::events(&f.client, &ns, "p1", "NodeNotReady").await?;
-    ensure!(
-        pod_ev.iter().any(|e| e.type_.as_deref() == Some("Warning")
-            && e.note.as_deref() == Some("Node is not ready")),
-        "{pod_ev:?}"
-    );
 
     // Default tolerations (30 s in this profile): deleted by the TEC 30 s after the taint.
     let taint_seen = std::time::Instant::now();
@@ -215,6 +197,38 @@ async fn n1_heartbeat_loss() -> Result<()> {
         k8s::condition(&p, "DisruptionTarget")
             .is_some_and(|c| c.reason.as_deref() == Some("DeletionByTaintManager"))
     );
+    // The events are checked after the timed part: they yield to object writes, so they are
+    // waited for, not read once.
+    // NodeNotReady on the node (events for cluster-scoped objects land in "default").
+    let note = format!("Node {n1} status is now: NodeNotReady");
+    let ev = k8s::wait_events(
+        &f.client,
+        "default",
+        &n1,
+        "NodeNotReady",
+        Duration::from_secs(30),
+        |ev| ev.iter().any(|e| e.note.as_deref() == Some(note.as_str())),
+    )
+    .await?;
+    ensure!(
+        ev.iter()
+            .all(|e| e.reporting_controller.as_deref() == Some("node-controller")),
+        "{ev:?}"
+    );
+    k8s::wait_events(
+        &f.client,
+        &ns,
+        "p1",
+        "NodeNotReady",
+        Duration::from_secs(30),
+        |ev| {
+            ev.iter().any(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.note.as_deref() == Some("Node is not ready")
+            })
+        },
+    )
+    .await?;
     k8s::release_pods(&f.client, &ns).await?;
     cluster().delete_namespace(&ns).await?;
     f.cleanup(&names.iter().map(String::as_str).collect::<Vec<_>>())

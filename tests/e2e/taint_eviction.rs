@@ -140,12 +140,19 @@ async fn n7_toleration_matrix() -> Result<()> {
             c.message.as_deref() == Some("Taint manager: deleting due to NoExecute taint"),
             "{c:?}"
         );
-        let ev = k8s::events(&f.client, &f.ns, name, "TaintManagerEviction").await?;
+    }
+    // Events yield to object writes: waited for after the timed deletions, not read once.
+    for name in ["p-none", "p-zero", "p-lt"] {
         let note = format!("Marking for deletion Pod {}/{name}", f.ns);
-        ensure!(
-            ev.iter().any(|e| e.note.as_deref() == Some(note.as_str())),
-            "no {note:?} event: {ev:?}"
-        );
+        let ev = k8s::wait_events(
+            &f.client,
+            &f.ns,
+            name,
+            "TaintManagerEviction",
+            Duration::from_secs(30),
+            |ev| ev.iter().any(|e| e.note.as_deref() == Some(note.as_str())),
+        )
+        .await?;
         ensure!(
             ev.iter()
                 .all(|e| e.reporting_controller.as_deref() == Some("taint-eviction-controller")),
@@ -326,7 +333,15 @@ async fn rejected_status_write_is_retried_and_reported() -> Result<()> {
         took >= Duration::from_secs(6),
         "retries did not back off: {took:?}"
     );
-    let warnings = k8s::events(&f.client, &f.ns, "p", "TaintEvictionFailed").await?;
+    let warnings = k8s::wait_events(
+        &f.client,
+        &f.ns,
+        "p",
+        "TaintEvictionFailed",
+        Duration::from_secs(30),
+        |ev| !ev.is_empty(),
+    )
+    .await?;
     ensure!(
         warnings.len() == 1,
         "want one TaintEvictionFailed warning, got {warnings:?}"
