@@ -21,6 +21,8 @@ pub const KCM_MANAGER: &str = "kube-controller-manager";
 pub const REASON: &str = "ConflictingWrite";
 /// How long `/readyz` reports a conflict after the last write seen.
 pub const REPORT_SECONDS: i64 = 600;
+/// How often the per-object record is pruned of writes older than [`REPORT_SECONDS`].
+const PRUNE_SECONDS: i64 = 60;
 /// managedFields times have one-second resolution: a kcm write in the second we took over is
 /// kcm finishing, not kcm running.
 const GRACE_SECONDS: i64 = 2;
@@ -119,14 +121,30 @@ pub struct ConflictLabels {
 }
 
 #[derive(Default)]
+struct Counted {
+    seen: HashMap<(&'static str, String), Seen>,
+    pruned_at: i64,
+}
+
+#[derive(Clone, Copy)]
+struct Seen {
+    /// The newest write counted (Unix seconds, from managedFields).
+    at: i64,
+    /// When the last error log and Warning event for it were made (Unix seconds, our clock).
+    reported: i64,
+}
+
+#[derive(Default)]
 pub struct Conflicts {
     owned: Mutex<Vec<Owned>>,
     /// Each guarded controller's event recorder (its source and budget).
     recorders: Mutex<HashMap<&'static str, EventRecorder>>,
     /// Unix seconds since which our controllers run (0: not leading, nothing is a conflict).
     armed_since: AtomicI64,
-    /// The newest conflicting write counted per (controller, object), so each is counted once.
-    counted: Mutex<HashMap<(&'static str, String), i64>>,
+    /// Per (controller, object): the newest conflicting write counted, so each is counted once,
+    /// and when one was last reported. Pruned of writes older than [`REPORT_SECONDS`], so it
+    /// holds only the objects kcm wrote in the last ten minutes.
+    counted: Mutex<Counted>,
     latest: Mutex<Option<Conflict>>,
     pub counter: Family<ConflictLabels, Counter>,
 }
@@ -147,6 +165,13 @@ impl Conflicts {
 
     /// Looks at an object of `resource` as the watch delivered it, managedFields included.
     pub fn observe(&self, resource: &str, meta: &ObjectMeta) {
+        self.observe_at(resource, meta, unix_now());
+    }
+
+    /// [`Self::observe`] at `now` (Unix seconds). Writes older than [`REPORT_SECONDS`] are not
+    /// counted: a relist delivers them again long after they were seen, and the record of what
+    /// was counted keeps only the last ten minutes.
+    fn observe_at(&self, resource: &str, meta: &ObjectMeta, now: i64) {
         let armed = self.armed_since.load(Ordering::Acquire);
         let Some(entries) = meta.managed_fields.as_ref().filter(|_| armed > 0) else {
             return;
@@ -170,6 +195,7 @@ impl Conflicts {
                 if e.manager.as_deref() != Some(KCM_MANAGER)
                     || e.subresource.as_deref().unwrap_or("") != o.subresource
                     || at < armed.saturating_add(GRACE_SECONDS)
+                    || at < now.saturating_sub(REPORT_SECONDS)
                 {
                     continue;
                 }
@@ -182,59 +208,82 @@ impl Conflicts {
                         continue;
                     }
                 }
-                self.record(o, meta, at);
+                self.record(o, meta, at, now);
             }
         }
     }
 
-    fn record(&self, o: Owned, meta: &ObjectMeta, at: i64) {
+    /// Counts one conflicting write; the error log and the Warning event come at most once per
+    /// object every [`REPORT_SECONDS`], so kcm writing an object in a loop cannot flood either.
+    fn record(&self, o: Owned, meta: &ObjectMeta, at: i64, now: i64) {
         let key = match (&meta.namespace, &meta.name) {
             (Some(ns), Some(n)) => format!("{ns}/{n}"),
             (None, Some(n)) => n.clone(),
             _ => return,
         };
-        {
+        let report = {
             let mut counted = crate::lock(&self.counted);
-            let last = counted.entry((o.controller, key.clone())).or_insert(0);
-            if *last >= at {
-                return;
+            if now.saturating_sub(counted.pruned_at) >= PRUNE_SECONDS {
+                let horizon = now.saturating_sub(REPORT_SECONDS);
+                counted.seen.retain(|_, s| s.at >= horizon);
+                counted.pruned_at = now;
             }
-            *last = at;
-        }
+            let seen = counted.seen.entry((o.controller, key.clone()));
+            match seen {
+                std::collections::hash_map::Entry::Occupied(mut e) => {
+                    let s = e.get_mut();
+                    if s.at >= at {
+                        return;
+                    }
+                    s.at = at;
+                    let report = now.saturating_sub(s.reported) >= REPORT_SECONDS;
+                    if report {
+                        s.reported = now;
+                    }
+                    report
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(Seen { at, reported: now });
+                    true
+                }
+            }
+        };
         let subject = if o.subresource.is_empty() {
             o.resource.to_string()
         } else {
             format!("{}/{}", o.resource, o.subresource)
         };
-        tracing::error!(
-            controller = o.controller,
-            object = %key,
-            resource = %subject,
-            manager = KCM_MANAGER,
-            written_at = at,
-            "kube-controller-manager is still running this controller: it wrote an object this replica's controller owns; turn it off in kube-controller-manager (--controllers=...,-{})",
-            o.controller
-        );
-        let recorder = crate::lock(&self.recorders).get(o.controller).cloned();
-        if let (Some(events), Some((api_version, kind))) = (recorder, kind_of(o.resource)) {
-            let regarding = ObjectReference {
-                api_version: Some(api_version.to_string()),
-                kind: Some(kind.to_string()),
-                namespace: meta.namespace.clone(),
-                name: meta.name.clone(),
-                uid: meta.uid.clone(),
-                resource_version: meta.resource_version.clone(),
-                ..Default::default()
-            };
-            events.warning(
-                &regarding,
-                REASON,
-                "Conflict",
-                format!(
-                    "{KCM_MANAGER} wrote {subject} while {} runs in Pilothouse: it still runs that controller; turn it off there (--controllers=...,-{})",
-                    o.controller, o.controller
-                ),
+        if report {
+            tracing::error!(
+                controller = o.controller,
+                object = %key,
+                resource = %subject,
+                manager = KCM_MANAGER,
+                written_at = at,
+                "kube-controller-manager is still running this controller: it wrote an object this replica's controller owns; turn it off in kube-controller-manager (--controllers=...,-{})",
+                o.controller
             );
+            let recorder = crate::lock(&self.recorders).get(o.controller).cloned();
+            if let (Some(events), Some((api_version, kind))) = (recorder, kind_of(o.resource)) {
+                let regarding = ObjectReference {
+                    api_version: Some(api_version.to_string()),
+                    kind: Some(kind.to_string()),
+                    namespace: meta.namespace.clone(),
+                    name: meta.name.clone(),
+                    uid: meta.uid.clone(),
+                    resource_version: meta.resource_version.clone(),
+                    ..Default::default()
+                };
+                events.warning(
+                    &regarding,
+                    REASON,
+                    "Conflict",
+                    format!(
+                        "{KCM_MANAGER} wrote {subject} while {} runs in Pilothouse: it still runs that controller; turn it off there (--controllers=...,-{})",
+                        o.controller, o.controller
+                    ),
+                );
+            }
         }
         self.counter
             .get_or_create(&ConflictLabels {
@@ -265,6 +314,9 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
     use k8s_openapi::jiff::Timestamp;
+
+    /// The tests' clock (Unix seconds): their writes are within the last ten minutes of it.
+    const NOW: i64 = 2_000;
 
     fn entry(manager: &str, sub: &str, at: i64, fields: serde_json::Value) -> ManagedFieldsEntry {
         ManagedFieldsEntry {
@@ -298,46 +350,51 @@ mod tests {
         c.guard("job-controller", None);
         let status = serde_json::json!({"f:status": {"f:active": {}}});
         // Not leading: nothing counts.
-        c.observe(
+        c.observe_at(
             "jobs",
             &meta(
                 vec![entry(KCM_MANAGER, "status", 2_000, status.clone())],
                 &[],
             ),
+            NOW,
         );
         assert_eq!(c.recent(2_000), None);
         c.arm(Some(1_000));
         // Before the take-over (plus the grace), another manager, another subresource: no.
-        c.observe(
+        c.observe_at(
             "jobs",
             &meta(
                 vec![entry(KCM_MANAGER, "status", 1_001, status.clone())],
                 &[],
             ),
+            NOW,
         );
-        c.observe(
+        c.observe_at(
             "jobs",
             &meta(
                 vec![entry("pilothouse", "status", 2_000, status.clone())],
                 &[],
             ),
+            NOW,
         );
-        c.observe(
+        c.observe_at(
             "jobs",
             &meta(vec![entry(KCM_MANAGER, "", 2_000, status.clone())], &[]),
+            NOW,
         );
-        c.observe(
+        c.observe_at(
             "pods",
             &meta(
                 vec![entry(KCM_MANAGER, "status", 2_000, status.clone())],
                 &[],
             ),
+            NOW,
         );
         assert_eq!(c.recent(2_000), None);
         // kcm's job controller writing a Job's status while we run it: counted once.
         let m = meta(vec![entry(KCM_MANAGER, "status", 1_500, status)], &[]);
-        c.observe("jobs", &m);
-        c.observe("jobs", &m);
+        c.observe_at("jobs", &m, NOW);
+        c.observe_at("jobs", &m, NOW);
         let got = c.recent(1_600).expect("conflict");
         assert_eq!(
             (got.controller, got.key.as_str(), got.resource.as_str()),
@@ -354,12 +411,13 @@ mod tests {
         assert!(c.recent(1_501 + REPORT_SECONDS).is_none());
         // Disarmed: nothing more.
         c.arm(None);
-        c.observe(
+        c.observe_at(
             "jobs",
             &meta(
                 vec![entry(KCM_MANAGER, "status", 1_900, serde_json::json!({}))],
                 &[],
             ),
+            NOW,
         );
         assert_eq!(c.counter.get_or_create(&labels).get(), 1);
     }
@@ -381,7 +439,7 @@ mod tests {
             &[],
         );
         m.uid = Some("uid-1".into());
-        c.observe("jobs", &m);
+        c.observe_at("jobs", &m, NOW);
         // Events are written in the background.
         let mut written = Vec::new();
         for _ in 0..200 {
@@ -420,6 +478,66 @@ mod tests {
         );
     }
 
+    /// kcm writing one object in a loop: every write is counted, the log and the Warning event
+    /// come once per object every ten minutes, writes older than that are not counted, and the
+    /// record forgets objects with no write in the last ten minutes.
+    #[tokio::test]
+    async fn a_looping_write_is_counted_each_time_and_reported_once_per_ten_minutes() {
+        let kit = crate::testkit::Kit::new();
+        let c = Conflicts::default();
+        let events = kit.setup("job-controller", "job-controller").events;
+        c.guard("job-controller", Some(events));
+        c.arm(Some(1_000));
+        let status = serde_json::json!({"f:status": {}});
+        let write = |at: i64| meta(vec![entry(KCM_MANAGER, "status", at, status.clone())], &[]);
+        for at in [1_500, 1_510, 1_520, 1_530] {
+            c.observe_at("jobs", &write(at), at);
+        }
+        // Ten minutes after the first report, the next write is reported again.
+        c.observe_at("jobs", &write(2_100), 2_100);
+        // Written more than ten minutes ago (a relist delivering it late): not counted.
+        let mut other = write(1_400);
+        other.name = Some("y".into());
+        c.observe_at("jobs", &other, 2_100);
+        let labels = ConflictLabels {
+            controller: "job-controller".into(),
+            manager: KCM_MANAGER.into(),
+            resource: "jobs/status".into(),
+        };
+        assert_eq!(c.counter.get_or_create(&labels).get(), 5);
+        let event_writes = || {
+            kit.api
+                .calls()
+                .into_iter()
+                .filter(|call| match call {
+                    crate::writer::Call::Create(t, _) | crate::writer::Call::Patch(t, _, _) => {
+                        t.plural == "events"
+                    }
+                    _ => false,
+                })
+                .count()
+        };
+        // Events are written in the background: wait for two, then make sure no third comes.
+        for _ in 0..200 {
+            if event_writes() >= 2 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(event_writes(), 2);
+        // "y" was never recorded; "x" is forgotten once its last write is ten minutes old.
+        assert_eq!(crate::lock(&c.counted).seen.len(), 1);
+        let mut third = write(2_800);
+        third.name = Some("z".into());
+        c.observe_at("jobs", &third, 2_800);
+        let seen = crate::lock(&c.counted);
+        assert_eq!(
+            seen.seen.keys().map(|(_, k)| k.as_str()).collect::<Vec<_>>(),
+            ["ns/z"]
+        );
+    }
+
     #[test]
     fn fields_and_labels_tell_kcm_controllers_apart() {
         let c = Conflicts::default();
@@ -427,7 +545,7 @@ mod tests {
         c.guard("endpointslice-controller", None);
         c.arm(Some(1_000));
         // attach-detach writes volumesAttached in nodes/status: not node lifecycle.
-        c.observe(
+        c.observe_at(
             "nodes",
             &meta(
                 vec![entry(
@@ -438,21 +556,23 @@ mod tests {
                 )],
                 &[],
             ),
+            NOW,
         );
         // The mirroring controller's slices are not the EndpointSlice controller's.
         let mirrored = [(
             "endpointslice.kubernetes.io/managed-by",
             "endpointslicemirroring-controller.k8s.io",
         )];
-        c.observe(
+        c.observe_at(
             "endpointslices",
             &meta(
                 vec![entry(KCM_MANAGER, "", 1_500, serde_json::json!({}))],
                 &mirrored,
             ),
+            NOW,
         );
         assert_eq!(c.recent(1_500), None);
-        c.observe(
+        c.observe_at(
             "nodes",
             &meta(
                 vec![entry(
@@ -463,6 +583,7 @@ mod tests {
                 )],
                 &[],
             ),
+            NOW,
         );
         assert_eq!(
             c.recent(1_500).map(|c| c.controller),
@@ -472,12 +593,13 @@ mod tests {
             "endpointslice.kubernetes.io/managed-by",
             "endpointslice-controller.k8s.io",
         )];
-        c.observe(
+        c.observe_at(
             "endpointslices",
             &meta(
                 vec![entry(KCM_MANAGER, "", 1_600, serde_json::json!({}))],
                 &ours,
             ),
+            NOW,
         );
         assert_eq!(
             c.recent(1_600).map(|c| c.controller),
