@@ -632,3 +632,44 @@ async fn an_invalid_selector_is_a_warning_naming_the_field() {
     );
     running.stop().await;
 }
+
+/// JR-9: a completion mode this controller does not know (a newer API server's) gets upstream's
+/// Warning, no writes and no retries; another Job is synced as usual.
+#[tokio::test(start_paused = true)]
+async fn jr9_an_unknown_completion_mode_is_a_warning_and_nothing_else() {
+    let kit = Kit::new();
+    let mut unknown = job(1, 1);
+    unknown.spec.as_mut().unwrap().completion_mode = Some("Sharded".into());
+    let mut good = job(1, 1);
+    good.metadata.name = Some("k".into());
+    good.metadata.uid = Some("uid-k".into());
+    let running = start(&kit, vec![unknown, good], vec![]);
+    let want = "Warning UnknownCompletionMode: Skipped Job sync because completion mode is unknown";
+    assert!(
+        eventually(Duration::from_secs(1), || events(&kit)
+            .iter()
+            .any(|e| e == want))
+        .await,
+        "{:?}",
+        events(&kit)
+    );
+    assert!(
+        eventually(Duration::from_secs(1), || pod_creates(&kit) == 1).await,
+        "the other Job is synced: {:?}",
+        writes(&kit)
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let warnings = events(&kit)
+        .iter()
+        .filter(|e| e.contains("UnknownCompletionMode"))
+        .count();
+    assert_eq!(warnings, 1, "not retried: {:?}", events(&kit));
+    assert!(
+        writes(&kit)
+            .iter()
+            .all(|w| !w.contains("jobs/j") && !w.ends_with("pods/j")),
+        "{:?}",
+        writes(&kit)
+    );
+    running.stop().await;
+}
