@@ -182,7 +182,7 @@ impl LeaderElector {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().expect("election lock")
+        crate::lock(&self.state)
     }
 
     fn set_leading(&self, leading: bool) {

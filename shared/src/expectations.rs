@@ -36,7 +36,7 @@ impl Expectations {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Record>> {
-        self.records.lock().expect("expectations lock")
+        crate::lock(&self.records)
     }
 
     /// True when the controller may act on `key`: no record, all expectations observed, or the

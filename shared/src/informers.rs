@@ -599,7 +599,7 @@ impl Informers {
     }
 
     fn get_scoped<K: Watched>(&self, namespace: Option<String>, api: ApiFn<K>) -> Arc<Informer<K>> {
-        let mut entries = self.entries.lock().expect("registry lock");
+        let mut entries = crate::lock(&self.entries);
         let id = TypeId::of::<K>();
         if let Some((_, e)) = entries.iter().find(|(t, _)| *t == id) {
             assert_eq!(
@@ -649,7 +649,7 @@ impl Informers {
     /// Starts every informer requested so far.
     pub fn start(&self) {
         self.started.store(true, Ordering::Release);
-        for (_, e) in self.entries.lock().expect("registry lock").iter() {
+        for (_, e) in crate::lock(&self.entries).iter() {
             e.start(self.client.clone(), self.stop.clone());
         }
     }

@@ -176,7 +176,7 @@ impl Metrics {
     pub fn new() -> Arc<Self> {
         let m = Metrics::default();
         {
-            let mut reg = m.registry.lock().expect("registry lock");
+            let mut reg = crate::lock(&m.registry);
             reg.register_collector(Box::new(ProcessCollector));
             let build = Family::<BuildInfoLabels, Gauge>::default();
             build.get_or_create(&BuildInfoLabels::current()).set(1);
@@ -199,7 +199,7 @@ impl Metrics {
     /// OpenMetrics text of everything registered.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let reg = self.registry.lock().expect("registry lock");
+        let reg = crate::lock(&self.registry);
         prometheus_client::encoding::text::encode(&mut out, &reg)
             .expect("encoding to a String cannot fail");
         out

@@ -86,7 +86,7 @@ impl<K: QueueKey> Queue<K> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
-        self.state.lock().expect("queue lock")
+        crate::lock(&self.state)
     }
 
     /// Queues `key` now unless it is queued already.

@@ -51,7 +51,7 @@ impl TokenBucket {
         if self.qps <= 0.0 || !self.qps.is_finite() {
             return Duration::ZERO;
         }
-        let mut s = self.state.lock().expect("token bucket lock");
+        let mut s = crate::lock(&self.state);
         let elapsed = now.saturating_duration_since(s.last).as_secs_f64();
         s.tokens = (s.tokens + elapsed * self.qps).min(self.burst);
         s.last = now;
@@ -75,7 +75,7 @@ impl TokenBucket {
         if self.qps <= 0.0 || !self.qps.is_finite() {
             return Ok(());
         }
-        let mut s = self.state.lock().expect("token bucket lock");
+        let mut s = crate::lock(&self.state);
         let elapsed = now.saturating_duration_since(s.last).as_secs_f64();
         s.tokens = (s.tokens + elapsed * self.qps).min(self.burst);
         s.last = now;
