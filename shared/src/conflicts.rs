@@ -533,7 +533,10 @@ mod tests {
         c.observe_at("jobs", &third, 2_800);
         let seen = crate::lock(&c.counted);
         assert_eq!(
-            seen.seen.keys().map(|(_, k)| k.as_str()).collect::<Vec<_>>(),
+            seen.seen
+                .keys()
+                .map(|(_, k)| k.as_str())
+                .collect::<Vec<_>>(),
             ["ns/z"]
         );
     }

@@ -15,6 +15,8 @@ pub mod evict;
 pub mod handlers;
 pub mod metrics;
 pub mod plan;
+#[cfg(test)]
+mod plan_props;
 pub mod status;
 pub mod sync;
 #[cfg(test)]
