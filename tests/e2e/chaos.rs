@@ -1,29 +1,57 @@
-//! Issue 17 §2: faults under a mixed workload. Three Pilothouse replicas (job, cronjob and
-//! taint-eviction controllers; each behind a TCP proxy of its own, restarted like a Deployment's
-//! pods when they exit) run NonIndexed, Indexed and failing Jobs, a minutely CronJob and a pod
-//! waiting out its toleration of a NoExecute taint, while a fixed schedule injects faults: the
-//! leader SIGKILLed three times, the leader cut from the API server, kube-apiserver restarted
-//! twice and etcd once. The checks are exact: every Job's counts, completed indexes, condition
-//! and pod count; no pod left with the tracking finalizer; every CronJob minute run once; the
-//! tolerating pod deleted, not before its toleration ran out; no replica panicked.
+//! Issue 17 §2: faults under a mixed workload. Three Pilothouse replicas (every controller but
+//! node-maintenance; each behind a TCP proxy of its own, restarted like a Deployment's pods when
+//! they exit) run NonIndexed, Indexed and failing Jobs, a minutely CronJob, a pod waiting out
+//! its toleration of a NoExecute taint, a node outage, a StatefulSet scaled and rolled out behind
+//! a Service, and a selectorless Service whose Endpoints change, while a fixed schedule injects
+//! faults: the leader SIGKILLed three times, the leader cut from the API server, kube-apiserver
+//! restarted twice and etcd once. The checks are exact: every Job's counts, completed indexes,
+//! condition and pod count; no pod left with the tracking finalizer; every CronJob minute run
+//! once; the tolerating pod deleted, not before its toleration ran out; the failed node tainted
+//! once (one `timeAdded` through every fault), the healthy ones never, its pods evicted after
+//! their toleration and the others not; the StatefulSet's ordinals once each on the update
+//! revision; each Service's one slice holding exactly its endpoints; no replica panicked.
 
 use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use pilothouse_tests::cluster::ClusterOptions;
 use pilothouse_tests::harness::{cluster, log_dir, trial};
+use pilothouse_tests::heartbeat::Heartbeats;
 use pilothouse_tests::jobs::{self, Jobs};
 use pilothouse_tests::proxy::Proxy;
 use pilothouse_tests::{Pilothouse, audit, k8s, unique, wait};
-use serde_json::json;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-const CONTROLLERS: &str = "job-controller,cronjob-controller,taint-eviction-controller";
+/// kube-controller-manager's names of the controllers the replicas run (kcm has them off).
+const REPLACED: [&str; 7] = [
+    "job-controller",
+    "cronjob-controller",
+    "taint-eviction-controller",
+    "node-lifecycle-controller",
+    "statefulset-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+];
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+/// Keeps the scheduler off the outage's nodes (no kubelet runs there).
+const NO_KUBELET: &str = "pilothouse.test/no-kubelet";
+const OUTAGE_ZONE: &str = "zone-outage";
+/// The outage's pods that tolerate the unreachable taint for [`OUTAGE_TOLERATION`] s.
+const EVICTED: [&str; 2] = ["evict-0", "evict-1"];
+const OUTAGE_TOLERATION: i64 = 5;
+const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
+const MIRRORED_BY: &str = "endpointslicemirroring-controller.k8s.io";
 const TAINT: &str = "pilothouse.test/chaos";
 /// kube-apiserver's termination grace on a restart (it would drain watches for 60 s).
 const APISERVER_GRACE: Duration = Duration::from_secs(10);
@@ -58,7 +86,11 @@ impl Replicas {
             "--leader-elect-lease-duration=8s".to_string(),
             "--leader-elect-renew-deadline=6s".to_string(),
             "--leader-elect-retry-period=1s".to_string(),
-            format!("--controllers={CONTROLLERS}"),
+            format!("--controllers={}", REPLACED.join(",")),
+            // A kubelet's 40 s Lease: a kube-apiserver restart (its 10 s grace and start) is
+            // shorter, so only the failed node goes stale; nodes are watched every second.
+            "--node-monitor-period=1s".to_string(),
+            "--node-monitor-grace-period=40s".to_string(),
         ];
         args.push("--feature-gates=TaintTolerationComparisonOperators=true".to_string());
         let mut slots = Vec::new();
@@ -225,6 +257,8 @@ async fn mixed_workload_under_faults() -> Result<()> {
     };
 
     // The workload.
+    let outage = Outage::start(&client, &ns).await?;
+    serving::start(&client, &ns).await?;
     let victim_created =
         k8s::tolerating_pod_on_tainted_node(&client, &ns, "zone-chaos", TAINT, TOLERATION_SECONDS)
             .await?;
@@ -277,12 +311,17 @@ async fn mixed_workload_under_faults() -> Result<()> {
     at(16).await;
     replicas.sigkill_leader().await?;
     note("leader SIGKILLed");
+    at(20).await;
+    outage.fail().await;
+    note("out-a's kubelet stopped");
     at(26).await;
     let exited = replicas.partition_leader().await?;
     note(&format!(
         "leader cut from the API server; it exited {:.1}s later, then the link healed",
         exited.as_secs_f64()
     ));
+    serving::scale(&client, &ns).await?;
+    note("web scaled to 5");
     at(42).await;
     cluster().restart_kube_apiserver(APISERVER_GRACE).await?;
     note("kube-apiserver restarted (SIGTERM, SIGKILL after 10 s; back up)");
@@ -306,12 +345,16 @@ async fn mixed_workload_under_faults() -> Result<()> {
         },
     )
     .await?;
+    serving::roll(&client, &ns).await?;
+    note("web's template changed");
     at(60).await;
     replicas.sigkill_leader().await?;
     note("leader SIGKILLed");
     at(70).await;
     cluster().restart_etcd().await?;
     note("etcd restarted (back up)");
+    serving::grow_ext(&client, &ns).await?;
+    note("ext's Endpoints grew to 4 addresses");
     at(84).await;
     cluster().restart_kube_apiserver(APISERVER_GRACE).await?;
     note("kube-apiserver restarted (SIGTERM, SIGKILL after 10 s; back up)");
@@ -377,6 +420,8 @@ async fn mixed_workload_under_faults() -> Result<()> {
         "a CronJob Job for a minute before the CronJob existed: {slots:?} (first {first_min})"
     );
     ensure!(!expected.is_empty(), "the run spanned no CronJob minute");
+    serving::check(&client, &ns).await?;
+    let tainted = outage.check(&client, &ns).await?;
 
     sup.abort();
     replicas.stop();
@@ -384,8 +429,9 @@ async fn mixed_workload_under_faults() -> Result<()> {
     // not before its toleration ran out (each new leader's taint-eviction controller starts the
     // clock when it first sees the pod, as kcm's does, so later is right).
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let deletes: Vec<(Option<Timestamp>, Option<u16>)> = audit::read(&cluster().audit_log())?
-        .into_iter()
+    let events = audit::read(&cluster().audit_log())?;
+    let deletes: Vec<(Option<Timestamp>, Option<u16>)> = events
+        .iter()
         .filter(|e| {
             e.stage == "ResponseComplete"
                 && e.verb == "delete"
@@ -394,7 +440,12 @@ async fn mixed_workload_under_faults() -> Result<()> {
                     .is_some_and(|o| o.namespace == ns && o.name == "victim")
                 && e.user_agent.contains("pilothouse")
         })
-        .map(|e| (e.received(), e.response_status.and_then(|s| s.code)))
+        .map(|e| {
+            (
+                e.received(),
+                e.response_status.as_ref().and_then(|s| s.code),
+            )
+        })
         .collect();
     // A leader that took over after the deletion deletes the still-terminating pod again when
     // its own clock runs out (upstream's controller does not skip terminating pods); only the
@@ -407,6 +458,37 @@ async fn mixed_workload_under_faults() -> Result<()> {
         after >= TOLERATION_SECONDS as f64 - 1.0,
         "the tolerating pod was deleted {after:.1}s after creation, before its {TOLERATION_SECONDS}s"
     );
+    // The outage's pods: deleted by Pilothouse, not before their toleration of the taint ran
+    // out; the pods that tolerate it for ever, or sit on a healthy node, never.
+    let deletions = |name: &str| -> Vec<Option<Timestamp>> {
+        events
+            .iter()
+            .filter(|e| {
+                e.stage == "ResponseComplete"
+                    && e.verb == "delete"
+                    && e.object_ref.as_ref().is_some_and(|o| {
+                        o.namespace == ns && o.name == name && o.resource == "pods"
+                    })
+                    && e.user_agent.contains("pilothouse")
+                    && e.response_status.as_ref().and_then(|s| s.code) == Some(200)
+            })
+            .map(|e| e.received())
+            .collect()
+    };
+    for name in EVICTED {
+        let first = deletions(name).into_iter().flatten().min();
+        let Some(first) = first else {
+            anyhow::bail!("{name} was not deleted by Pilothouse");
+        };
+        let after = tainted.duration_until(first).as_secs_f64();
+        ensure!(
+            after >= OUTAGE_TOLERATION as f64 - 1.0,
+            "{name} deleted {after:.1}s after out-a's taint, before its {OUTAGE_TOLERATION}s"
+        );
+    }
+    for name in ["keep", "stay"] {
+        ensure!(deletions(name).is_empty(), "Pilothouse deleted {name}");
+    }
 
     // No replica panicked (a caught panic is logged and counted; none may happen here).
     let logs = replicas.logs.lock().expect("logs").clone();
@@ -425,20 +507,407 @@ async fn mixed_workload_under_faults() -> Result<()> {
         expected.len(),
         deletes.len()
     );
+    println!(
+        "MEASURE chaos: out-a tainted at {tainted}, its two pods evicted after their {OUTAGE_TOLERATION}s, the healthy nodes never tainted; web rolled out to {} ready on one revision, its slice and ext's mirrored slice exact",
+        serving::REPLICAS
+    );
     k8s::release_pods(&client, &ns).await?;
     Ok(())
+}
+
+/// A node outage in a zone of its own: three nodes outside kwok whose Leases the test renews;
+/// `out-a` stops renewing. Its pods: two tolerating the unreachable taint for
+/// [`OUTAGE_TOLERATION`] s (evicted), one tolerating every NoExecute taint (kept); `out-b` holds a
+/// pod that must stay. A watcher records the nodes' taints every 250 ms through every fault.
+struct Outage {
+    hb: Heartbeats,
+    nodes: [String; 3],
+    log: Arc<Mutex<TaintLog>>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct TaintLog {
+    /// Every distinct `timeAdded` of the failed node's unreachable NoExecute taint.
+    added: BTreeSet<Timestamp>,
+    /// Reads that found that taint missing after it had been seen.
+    lost: u32,
+    /// Unreachable or not-ready taints seen on the healthy nodes.
+    healthy_tainted: BTreeSet<String>,
+}
+
+impl Outage {
+    async fn start(client: &Client, ns: &str) -> Result<Outage> {
+        let hb = Heartbeats::start(client.clone());
+        let nodes = ["out-a", "out-b", "out-c"].map(String::from);
+        for n in &nodes {
+            hb.add_node(n, OUTAGE_ZONE).await?;
+            // No kubelet runs there: the scheduler keeps the workload's pods off.
+            k8s::modify_taints(client, n, |ts| {
+                ts.push(k8s::taint(NO_KUBELET, "", "NoSchedule"))
+            })
+            .await?;
+        }
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let pp = PostParams::default();
+        let brief = json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": OUTAGE_TOLERATION}]);
+        for name in EVICTED {
+            pods.create(&pp, &k8s::pod_on_node(name, &nodes[0], brief.clone())?)
+                .await?;
+        }
+        let forever = json!([{"operator": "Exists", "effect": "NoExecute"}]);
+        pods.create(&pp, &k8s::pod_on_node("keep", &nodes[0], forever)?)
+            .await?;
+        pods.create(&pp, &k8s::pod_on_node("stay", &nodes[1], json!([]))?)
+            .await?;
+        let log: Arc<Mutex<TaintLog>> = Arc::default();
+        let watcher = {
+            let (log, nodes, api) = (
+                Arc::clone(&log),
+                nodes.clone(),
+                Api::<Node>::all(client.clone()),
+            );
+            tokio::spawn(async move {
+                loop {
+                    for (i, n) in nodes.iter().enumerate() {
+                        // The API server is down at times: a failed read records nothing.
+                        let Ok(node) = api.get(n).await else { continue };
+                        let taints = k8s::taints(&node);
+                        let mut log = log.lock().expect("taint log");
+                        if i == 0 {
+                            let added = taints
+                                .iter()
+                                .find(|t| t.key == UNREACHABLE && t.effect == "NoExecute")
+                                .map(|t| t.time_added.as_ref().map(|a| a.0));
+                            match added {
+                                Some(Some(at)) => {
+                                    log.added.insert(at);
+                                }
+                                Some(None) => {
+                                    log.added.insert(Timestamp::MIN);
+                                }
+                                None if !log.added.is_empty() => log.lost += 1,
+                                None => {}
+                            }
+                        } else {
+                            for t in taints.iter().filter(|t| {
+                                t.key == UNREACHABLE || t.key == "node.kubernetes.io/not-ready"
+                            }) {
+                                log.healthy_tainted
+                                    .insert(format!("{n}: {}:{}", t.key, t.effect));
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            })
+        };
+        Ok(Outage {
+            hb,
+            nodes,
+            log,
+            watcher,
+        })
+    }
+
+    /// `out-a`'s kubelet stops.
+    async fn fail(&self) -> Timestamp {
+        self.hb.fail(&self.nodes[..1]).await
+    }
+
+    /// Exact: `out-a` Unknown and tainted once (one `timeAdded` through every fault, never
+    /// missing once added), the healthy nodes never tainted, the two pods evicted and the
+    /// others not; returns the taint's `timeAdded`.
+    async fn check(&self, client: &Client, ns: &str) -> Result<Timestamp> {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        wait::until(
+            "the outage's pods evicted",
+            Duration::from_secs(240),
+            Duration::from_millis(500),
+            || async {
+                for name in EVICTED {
+                    if !k8s::deleted(&pods, name).await? {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            },
+        )
+        .await?;
+        let node = Api::<Node>::all(client.clone()).get(&self.nodes[0]).await?;
+        ensure!(
+            k8s::node_condition(&node, "Ready").map(|c| c.0).as_deref() == Some("Unknown"),
+            "out-a Ready: {:?}",
+            k8s::node_condition(&node, "Ready")
+        );
+        for effect in ["NoSchedule", "NoExecute"] {
+            ensure!(
+                k8s::has_taint(&node, UNREACHABLE, effect),
+                "out-a lost its unreachable {effect} taint: {:?}",
+                k8s::taints(&node)
+            );
+        }
+        self.watcher.abort();
+        let log = self.log.lock().expect("taint log").clone();
+        ensure!(
+            log.added.len() == 1 && !log.added.contains(&Timestamp::MIN),
+            "out-a's NoExecute taint was added more than once or without a time: {:?}",
+            log.added
+        );
+        ensure!(
+            log.lost == 0,
+            "out-a's NoExecute taint went missing {} times after it was added",
+            log.lost
+        );
+        ensure!(
+            log.healthy_tainted.is_empty(),
+            "healthy nodes tainted: {:?}",
+            log.healthy_tainted
+        );
+        for name in ["keep", "stay"] {
+            ensure!(!k8s::deleted(&pods, name).await?, "{name} was deleted");
+        }
+        Ok(log.added.into_iter().next().unwrap_or(Timestamp::MIN))
+    }
+}
+
+/// A StatefulSet `web` behind a Service of the same name, scaled and rolled out during the
+/// faults, and a selectorless Service `ext` whose Endpoints change during them.
+mod serving {
+    use super::*;
+
+    pub const REPLICAS: i32 = 5;
+    pub const EXT: [&str; 4] = ["10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4"];
+
+    pub async fn start(client: &Client, ns: &str) -> Result<()> {
+        let pp = PostParams::default();
+        let ports = json!([{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]);
+        let services: Api<Service> = Api::namespaced(client.clone(), ns);
+        services
+            .create(
+                &pp,
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "web"},
+                    "spec": {"selector": {"app": "web"}, "ports": ports}
+                }))?,
+            )
+            .await?;
+        services
+            .create(
+                &pp,
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "ext"},
+                    "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+                }))?,
+            )
+            .await?;
+        Api::<Endpoints>::namespaced(client.clone(), ns)
+            .create(&pp, &serde_json::from_value(endpoints(&EXT[..3]))?)
+            .await?;
+        Api::<StatefulSet>::namespaced(client.clone(), ns)
+            .create(
+                &pp,
+                &serde_json::from_value(json!({
+                    "metadata": {"name": "web"},
+                    "spec": {
+                        "replicas": 3,
+                        "serviceName": "web",
+                        "selector": {"matchLabels": {"app": "web"}},
+                        "template": {
+                            "metadata": {"labels": {"app": "web"}},
+                            "spec": {
+                                "terminationGracePeriodSeconds": 1,
+                                "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+                                "containers": [{"name": "c", "image": "nginx:1"}]
+                            }
+                        }
+                    }
+                }))?,
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn endpoints(ips: &[&str]) -> Value {
+        let addresses: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+        json!({
+            "metadata": {"name": "ext"},
+            "subsets": [{"addresses": addresses, "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}]
+        })
+    }
+
+    /// A merge patch by the test, tried again while an injected fault refuses it.
+    async fn patch<K>(api: &Api<K>, name: &str, body: Value) -> Result<()>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        wait::until(
+            &format!("the API server to take a patch of {name}"),
+            Duration::from_secs(30),
+            Duration::from_millis(300),
+            || async {
+                Ok(api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .ok()
+                    .map(|_| ()))
+            },
+        )
+        .await
+    }
+
+    pub async fn scale(client: &Client, ns: &str) -> Result<()> {
+        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+        patch(&sets, "web", json!({"spec": {"replicas": REPLICAS}})).await
+    }
+
+    pub async fn roll(client: &Client, ns: &str) -> Result<()> {
+        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+        let body = json!({"spec": {"template": {"metadata": {"annotations": {"pilothouse.test/rev": "2"}}}}});
+        patch(&sets, "web", body).await
+    }
+
+    pub async fn grow_ext(client: &Client, ns: &str) -> Result<()> {
+        let eps: Api<Endpoints> = Api::namespaced(client.clone(), ns);
+        patch(&eps, "ext", endpoints(&EXT)).await
+    }
+
+    fn addresses(slices: &[EndpointSlice]) -> Vec<(String, bool)> {
+        let mut out: Vec<(String, bool)> = slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .flat_map(|e| {
+                let ready = e.conditions.as_ref().and_then(|c| c.ready) == Some(true);
+                e.addresses.iter().map(move |a| (a.clone(), ready))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    async fn slices(
+        client: &Client,
+        ns: &str,
+        service: &str,
+        by: &str,
+    ) -> Result<Vec<EndpointSlice>> {
+        let lp = ListParams::default().labels(&format!(
+            "kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by={by}"
+        ));
+        Ok(Api::<EndpointSlice>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await?
+            .items)
+    }
+
+    /// Exact: the set rolled out (ordinals 0..5 once each, all on the update revision, status
+    /// counts and revisions agreeing), its Service's one slice holding exactly its pods' IPs,
+    /// ready, and `ext`'s one mirrored slice holding exactly its four addresses.
+    pub async fn check(client: &Client, ns: &str) -> Result<()> {
+        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+        let set = wait::until(
+            "web rolled out",
+            Duration::from_secs(180),
+            Duration::from_millis(500),
+            || async {
+                let s = sets.get("web").await?;
+                let Some(st) = s.status.clone() else {
+                    return Ok(None);
+                };
+                let n = Some(REPLICAS);
+                let done = st.observed_generation == s.metadata.generation
+                    && st.replicas == REPLICAS
+                    && st.ready_replicas == n
+                    && st.updated_replicas == n
+                    && st.current_replicas == n
+                    && st.update_revision.is_some()
+                    && st.current_revision == st.update_revision;
+                Ok(done.then_some(s))
+            },
+        )
+        .await?;
+        let revision = set.status.and_then(|s| s.update_revision);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let list = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await?
+            .items;
+        let mut names: Vec<String> = list
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        names.sort();
+        let want: Vec<String> = (0..REPLICAS).map(|i| format!("web-{i}")).collect();
+        ensure!(names == want, "web's pods: {names:?}");
+        for p in &list {
+            let rev = p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("controller-revision-hash"));
+            ensure!(
+                rev == revision.as_ref() && p.metadata.deletion_timestamp.is_none(),
+                "{:?} on revision {rev:?}, want {revision:?}",
+                p.metadata.name
+            );
+        }
+        let mut ips: Vec<(String, bool)> = list
+            .iter()
+            .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+            .map(|ip| (ip, true))
+            .collect();
+        ips.sort();
+        ensure!(
+            ips.len() == want.len(),
+            "web's pods without an IP: {list:?}"
+        );
+        let got = wait::until(
+            "web's slice to hold exactly its pods",
+            Duration::from_secs(60),
+            Duration::from_millis(250),
+            || async {
+                let s = slices(client, ns, "web", MANAGED_BY).await?;
+                Ok((s.len() == 1 && addresses(&s) == ips).then_some(s))
+            },
+        )
+        .await;
+        if got.is_err() {
+            let s = slices(client, ns, "web", MANAGED_BY).await?;
+            anyhow::bail!(
+                "web's slices: {} of them with {:?}; want one with {ips:?}",
+                s.len(),
+                addresses(&s)
+            );
+        }
+        let want_ext: Vec<(String, bool)> = EXT.iter().map(|a| (a.to_string(), true)).collect();
+        let got = wait::until(
+            "ext's mirrored slice to hold exactly its addresses",
+            Duration::from_secs(60),
+            Duration::from_millis(250),
+            || async {
+                let s = slices(client, ns, "ext", MIRRORED_BY).await?;
+                Ok((s.len() == 1 && addresses(&s) == want_ext).then_some(()))
+            },
+        )
+        .await;
+        if got.is_err() {
+            let s = slices(client, ns, "ext", MIRRORED_BY).await?;
+            anyhow::bail!(
+                "ext's mirrored slices: {} of them with {:?}; want one with {want_ext:?}",
+                s.len(),
+                addresses(&s)
+            );
+        }
+        Ok(())
+    }
 }
 
 fn main() -> ! {
     pilothouse_tests::harness::main(
         "chaos",
-        // kube-controller-manager keeps everything but the three controllers under test.
+        // kube-controller-manager keeps everything but the controllers under test.
         ClusterOptions {
-            replace: Some(vec![
-                "job-controller",
-                "cronjob-controller",
-                "taint-eviction-controller",
-            ]),
+            replace: Some(REPLACED.to_vec()),
             ..Default::default()
         },
         None,
