@@ -295,8 +295,15 @@ fn run_all(j: &JobIn, ps: &[PodIn], now: i64, backoff: (i32, Option<i64>)) {
         .map(|(i, p)| Arc::new(build_pod(i, p)))
         .collect();
     let job = build_job(j, &pods);
+    check_job(&job, pods, now, backoff);
+}
+
+/// evaluate, conclude and track on `job` and `pods`, asserting what holds for any input.
+fn check_job(job: &Job, pods: Vec<Arc<Pod>>, now: i64, backoff: (i32, Option<i64>)) {
+    let spec = job.spec.as_ref().expect("a spec");
+    let indexed = spec.completion_mode.as_deref() == Some("Indexed");
     let obs = Observed {
-        job: &job,
+        job,
         pods: pods.clone(),
         expectations_satisfied: true,
         expected_rm_finalizers: HashSet::new(),
@@ -314,8 +321,8 @@ fn run_all(j: &JobIn, ps: &[PodIn], now: i64, backoff: (i32, Option<i64>)) {
     let created = match &e.action {
         PodAction::Create(v) => {
             assert!(!v.is_empty() && v.len() <= MAX_POD_CREATE_DELETE_PER_SYNC);
-            if j.indexed {
-                let c = j.completions.unwrap_or(0);
+            if indexed {
+                let c = spec.completions.unwrap_or(0);
                 assert!(
                     v.iter()
                         .all(|n| n.index.is_some_and(|i| (0..c).contains(&i)))
@@ -356,7 +363,138 @@ fn run_all(j: &JobIn, ps: &[PodIn], now: i64, backoff: (i32, Option<i64>)) {
     for n in [status.succeeded, status.failed] {
         assert!(n.unwrap_or(0) >= 0, "negative count after release {n:?}");
     }
-    let _ = crate::handlers::deadline_left(&job, ts(now));
+    let _ = crate::handlers::deadline_left(job, ts(now));
+}
+
+/// The policies and index lists a Job may carry, at the API's extremes: podFailurePolicy (up
+/// to 20 rules, every action, exit codes 1..255 with `In` never holding 0, pod conditions),
+/// successPolicy (indexes and counts up to the completions), podReplacementPolicy, and
+/// `completedIndexes`/`failedIndexes` strings, odd ones included (a status writer may have left
+/// any text there; the controller must not trust it).
+#[derive(Clone, Debug)]
+struct Policies {
+    failure: Option<Vec<(&'static str, Result<(&'static str, Vec<i32>), &'static str>)>>,
+    success: Option<Vec<(Option<&'static str>, Option<i32>)>>,
+    replacement: Option<&'static str>,
+    completed: Option<&'static str>,
+    failed: Option<&'static str>,
+}
+
+fn index_list() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "",
+        "0",
+        "0-2",
+        "1,3-5",
+        "0-2147483646",
+        "2147483646",
+        "5-3",
+        "1,1",
+        "-1",
+        "x",
+        "0-",
+        "99999999999",
+    ])
+}
+
+fn policies() -> impl Strategy<Value = Policies> {
+    let exit_codes = prop_oneof![Just(1i32), Just(255), Just(137), 1..=255i32];
+    let rule = (
+        prop::sample::select(vec!["FailJob", "Ignore", "Count", "FailIndex"]),
+        prop_oneof![
+            (
+                prop::sample::select(vec!["In", "NotIn"]),
+                prop::collection::btree_set(exit_codes, 1..5)
+            )
+                .prop_map(|(op, codes)| Ok((op, codes.into_iter().collect()))),
+            prop::sample::select(vec!["DisruptionTarget", "ConfigIssue", "Ready"]).prop_map(Err),
+        ],
+    );
+    (
+        opt(prop::collection::vec(rule, 1..20)),
+        opt(prop::collection::vec(
+            (opt(index_list()), opt(count32())),
+            1..20,
+        )),
+        opt(prop::sample::select(vec!["TerminatingOrFailed", "Failed"])),
+        opt(index_list()),
+        opt(index_list()),
+    )
+        .prop_map(
+            |(failure, success, replacement, completed, failed)| Policies {
+                failure,
+                success,
+                replacement,
+                completed,
+                failed,
+            },
+        )
+}
+
+fn with_policies(job: &mut Job, p: &Policies) {
+    use k8s_openapi::api::batch::v1::{
+        PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement,
+        PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule, SuccessPolicy,
+        SuccessPolicyRule,
+    };
+    let spec = job.spec.as_mut().expect("a spec");
+    let indexed = spec.completion_mode.as_deref() == Some("Indexed");
+    let per_index = spec.backoff_limit_per_index.is_some();
+    let never = spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        == Some("Never");
+    // podFailurePolicy needs restartPolicy Never; FailIndex needs backoffLimitPerIndex.
+    if let Some(rules) = p.failure.as_ref().filter(|_| never) {
+        spec.pod_failure_policy = Some(PodFailurePolicy {
+            rules: rules
+                .iter()
+                .filter(|(action, _)| *action != "FailIndex" || per_index)
+                .map(|(action, on)| PodFailurePolicyRule {
+                    action: action.to_string(),
+                    on_exit_codes: on.clone().ok().map(|(op, values)| {
+                        PodFailurePolicyOnExitCodesRequirement {
+                            container_name: None,
+                            operator: op.into(),
+                            values,
+                        }
+                    }),
+                    on_pod_conditions: on.as_ref().err().map(|type_| {
+                        vec![PodFailurePolicyOnPodConditionsPattern {
+                            type_: type_.to_string(),
+                            status: Some("True".into()),
+                        }]
+                    }),
+                })
+                .collect(),
+        });
+    }
+    // successPolicy needs Indexed; a count is at most the completions.
+    if let Some(rules) = p.success.as_ref().filter(|_| indexed) {
+        let completions = spec.completions.unwrap_or(0);
+        spec.success_policy = Some(SuccessPolicy {
+            rules: rules
+                .iter()
+                .map(|(indexes, count)| SuccessPolicyRule {
+                    succeeded_indexes: indexes.map(String::from),
+                    succeeded_count: count
+                        .map(|c| c.min(completions))
+                        .or(indexes.is_none().then_some(completions)),
+                })
+                .collect(),
+        });
+    }
+    // A podFailurePolicy requires podReplacementPolicy Failed.
+    spec.pod_replacement_policy = if spec.pod_failure_policy.is_some() {
+        Some("Failed".into())
+    } else {
+        p.replacement.map(String::from)
+    };
+    let status = job.status.get_or_insert_with(Default::default);
+    status.completed_indexes = p.completed.map(String::from);
+    status.failed_indexes = p.failed.map(String::from).filter(|_| per_index);
 }
 
 proptest! {
@@ -372,6 +510,27 @@ proptest! {
         last in opt(instant()),
     ) {
         run_all(&j, &ps, now, (failures, last));
+    }
+
+    /// The same with podFailurePolicy, successPolicy, podReplacementPolicy and index lists
+    /// (the generator above leaves them unset).
+    #[test]
+    fn job_plan_total_with_policies_and_index_lists(
+        j in job_in(),
+        p in policies(),
+        ps in prop::collection::vec(pod_in(), 0..8),
+        now in instant(),
+        failures in count32(),
+        last in opt(instant()),
+    ) {
+        let pods: Vec<Arc<Pod>> = ps
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Arc::new(build_pod(i, p)))
+            .collect();
+        let mut job = build_job(&j, &pods);
+        with_policies(&mut job, &p);
+        check_job(&job, pods, now, (failures, last));
     }
 
     /// JR-34: the pod-failure backoff saturates at 600 s for any failure count and any pair of
