@@ -371,9 +371,12 @@ fn check_job(job: &Job, pods: Vec<Arc<Pod>>, now: i64, backoff: (i32, Option<i64
 /// successPolicy (indexes and counts up to the completions), podReplacementPolicy, and
 /// `completedIndexes`/`failedIndexes` strings, odd ones included (a status writer may have left
 /// any text there; the controller must not trust it).
+/// A podFailurePolicy rule: its action, and either (operator, exit codes) or a condition type.
+type FailureRule = (&'static str, Result<(&'static str, Vec<i32>), &'static str>);
+
 #[derive(Clone, Debug)]
 struct Policies {
-    failure: Option<Vec<(&'static str, Result<(&'static str, Vec<i32>), &'static str>)>>,
+    failure: Option<Vec<FailureRule>>,
     success: Option<Vec<(Option<&'static str>, Option<i32>)>>,
     replacement: Option<&'static str>,
     completed: Option<&'static str>,
