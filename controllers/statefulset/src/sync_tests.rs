@@ -659,3 +659,84 @@ async fn a_deleted_set_leaves_no_series() {
     assert!(!text.contains("statefulset_name=\"web\""), "{text}");
     running.stop().await;
 }
+
+/// Issue 17 §1: a real StatefulSet object at the API's extremes, through the whole controller
+/// (its conversion into the plan's view included): replicas, partition, minReadySeconds and
+/// revisionHistoryLimit at i32::MAX, maxUnavailable 100%, a claim template with both retention
+/// policies, the B-6 annotation at Go's longest duration, and `ordinals.start` at i32::MAX - 1
+/// (so only two ordinals fit in an int32). No panic, every created name a valid ordinal, and the
+/// ordered set creates its first pod only.
+#[tokio::test(start_paused = true)]
+async fn a_set_at_the_apis_extremes_creates_only_valid_ordinals() {
+    let kit = Kit::new();
+    let extreme = |name: &str, policy: &str, start: i32| -> StatefulSet {
+        let mut s = set(i32::MAX, policy);
+        let mut v = serde_json::to_value(&s).unwrap();
+        v["metadata"]["name"] = json!(name);
+        v["metadata"]["uid"] = json!(format!("uid-{name}"));
+        v["metadata"]["annotations"] = json!({
+            crate::plan::REPLACE_UNAVAILABLE_AFTER: "2562047h47m16.854775807s"
+        });
+        v["spec"]["serviceName"] = json!(name);
+        v["spec"]["selector"]["matchLabels"]["app"] = json!(name);
+        v["spec"]["template"]["metadata"]["labels"]["app"] = json!(name);
+        v["spec"]["ordinals"] = json!({"start": start});
+        v["spec"]["minReadySeconds"] = json!(i32::MAX);
+        v["spec"]["revisionHistoryLimit"] = json!(i32::MAX);
+        v["spec"]["updateStrategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"partition": i32::MAX, "maxUnavailable": "100%"}});
+        v["spec"]["persistentVolumeClaimRetentionPolicy"] =
+            json!({"whenDeleted": "Delete", "whenScaled": "Delete"});
+        v["spec"]["volumeClaimTemplates"] = json!([{
+            "metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        }]);
+        s = serde_json::from_value(v).unwrap();
+        s
+    };
+    let running = start(
+        &kit,
+        vec![
+            extreme("top", "Parallel", i32::MAX - 1),
+            extreme("big", "OrderedReady", 0),
+        ],
+        vec![],
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || {
+            let names = pod_names(&kit);
+            names.iter().any(|n| n.starts_with("big-"))
+                && names.iter().any(|n| n.starts_with("top-"))
+        })
+        .await,
+        "{:?}",
+        pod_names(&kit)
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    settle().await;
+    let mut names = pod_names(&kit);
+    names.sort();
+    names.dedup();
+    assert_eq!(
+        names,
+        ["big-0", "top-2147483646", "top-2147483647"],
+        "{:?}",
+        kit.api.calls().len()
+    );
+    // Each pod's claim came first, named after the template, the set and the ordinal.
+    let mut claims: Vec<String> = creates(&kit, "persistentvolumeclaims")
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str().map(String::from))
+        .collect();
+    claims.sort();
+    claims.dedup();
+    assert_eq!(
+        claims,
+        ["data-big-0", "data-top-2147483646", "data-top-2147483647"]
+    );
+    let panics = series(
+        &kit,
+        "pilothouse_reconcile_panics_total{controller=\"statefulset-controller\"}",
+    );
+    assert!(matches!(panics.as_deref(), None | Some("0")), "{panics:?}");
+    running.stop().await;
+}
