@@ -1,6 +1,7 @@
 //! Issue 17 §2: faults under a mixed workload. Three Pilothouse replicas (every controller but
 //! node-maintenance; each behind a TCP proxy of its own, restarted like a Deployment's pods when
-//! they exit) run NonIndexed, Indexed and failing Jobs, a minutely CronJob, a pod waiting out
+//! they exit) run NonIndexed, Indexed and failing Jobs (one of 20 parallel pods created a second
+//! before the leader is cut, so that the cut lands in a burst of writes), a minutely CronJob, a pod waiting out
 //! its toleration of a NoExecute taint, a node outage, a StatefulSet scaled and rolled out behind
 //! a Service, and a selectorless Service whose Endpoints change, while a fixed schedule injects
 //! faults: the leader SIGKILLed three times, the leader cut from the API server, kube-apiserver
@@ -262,7 +263,7 @@ async fn mixed_workload_under_faults() -> Result<()> {
     let victim_created =
         k8s::tolerating_pod_on_tainted_node(&client, &ns, "zone-chaos", TAINT, TOLERATION_SECONDS)
             .await?;
-    let complete = [("plain", 12), ("indexed", 8), ("late", 6)];
+    let complete = [("plain", 12), ("indexed", 8), ("late", 6), ("burst", 20)];
     j.create(&jobs::job(
         "plain",
         json!({"completions": 12, "parallelism": 2}),
@@ -314,6 +315,16 @@ async fn mixed_workload_under_faults() -> Result<()> {
     at(20).await;
     outage.fail().await;
     note("out-a's kubelet stopped");
+    // A burst of writes under way when the leader is cut: 20 pods at once, then their
+    // tracking finalizers and the status.
+    at(25).await;
+    j.create(&jobs::job(
+        "burst",
+        json!({"completions": 20, "parallelism": 20}),
+        jobs::template(Some(0), "2s"),
+    )?)
+    .await?;
+    note("a Job of 20 parallel pods created");
     at(26).await;
     let exited = replicas.partition_leader().await?;
     note(&format!(
@@ -502,7 +513,7 @@ async fn mixed_workload_under_faults() -> Result<()> {
     }
     let restarts = *replicas.restarts.lock().expect("restarts");
     println!(
-        "MEASURE chaos: {} processes in all ({restarts} restarts); plain/indexed/late complete with exact counts, failing failed 3/3, {} CronJob minutes each run once, tolerating pod deleted {after:.1}s after creation ({} DELETE requests)",
+        "MEASURE chaos: {} processes in all ({restarts} restarts); plain/indexed/late/burst complete with exact counts, failing failed 3/3, {} CronJob minutes each run once, tolerating pod deleted {after:.1}s after creation ({} DELETE requests)",
         logs.len(),
         expected.len(),
         deletes.len()
