@@ -571,6 +571,24 @@ impl Outage {
             .await?;
         pods.create(&pp, &k8s::pod_on_node("stay", &nodes[1], json!([]))?)
             .await?;
+        // The API server gives a new node `not-ready:NoSchedule` (TaintNodesByCondition); the
+        // node-lifecycle controller takes it off once it sees Ready. Watched from then on.
+        let api = Api::<Node>::all(client.clone());
+        for n in &nodes {
+            wait::until(
+                &format!("{n} untainted by the node-lifecycle controller"),
+                Duration::from_secs(30),
+                Duration::from_millis(200),
+                || async {
+                    let taints = k8s::taints(&api.get(n).await?);
+                    Ok((!taints
+                        .iter()
+                        .any(|t| t.key.starts_with("node.kubernetes.io/")))
+                    .then_some(()))
+                },
+            )
+            .await?;
+        }
         let log: Arc<Mutex<TaintLog>> = Arc::default();
         let watcher = {
             let (log, nodes, api) = (
