@@ -126,6 +126,20 @@ struct Counted {
     pruned_at: i64,
 }
 
+impl Counted {
+    /// Forgets, once a minute, the objects with neither a write nor a report in the last ten
+    /// minutes (keeping the reported ones keeps "once per ten minutes" true).
+    fn prune(&mut self, now: i64) {
+        if now.saturating_sub(self.pruned_at) < PRUNE_SECONDS {
+            return;
+        }
+        let horizon = now.saturating_sub(REPORT_SECONDS);
+        self.seen
+            .retain(|_, s| s.at >= horizon || s.reported > horizon);
+        self.pruned_at = now;
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Seen {
     /// The newest write counted (Unix seconds, from managedFields).
@@ -142,8 +156,8 @@ pub struct Conflicts {
     /// Unix seconds since which our controllers run (0: not leading, nothing is a conflict).
     armed_since: AtomicI64,
     /// Per (controller, object): the newest conflicting write counted, so each is counted once,
-    /// and when one was last reported. Pruned of writes older than [`REPORT_SECONDS`], so it
-    /// holds only the objects kcm wrote in the last ten minutes.
+    /// and when one was last reported. Pruned each minute of objects with neither in the last
+    /// [`REPORT_SECONDS`], so it holds only what kcm wrote lately.
     counted: Mutex<Counted>,
     latest: Mutex<Option<Conflict>>,
     pub counter: Family<ConflictLabels, Counter>,
@@ -173,6 +187,11 @@ impl Conflicts {
     /// was counted keeps only the last ten minutes.
     fn observe_at(&self, resource: &str, meta: &ObjectMeta, now: i64) {
         let armed = self.armed_since.load(Ordering::Acquire);
+        // Pruned on every object seen, not only on a conflict, so the record empties once kcm
+        // stops writing.
+        if armed > 0 {
+            crate::lock(&self.counted).prune(now);
+        }
         let Some(entries) = meta.managed_fields.as_ref().filter(|_| armed > 0) else {
             return;
         };
@@ -223,11 +242,7 @@ impl Conflicts {
         };
         let report = {
             let mut counted = crate::lock(&self.counted);
-            if now.saturating_sub(counted.pruned_at) >= PRUNE_SECONDS {
-                let horizon = now.saturating_sub(REPORT_SECONDS);
-                counted.seen.retain(|_, s| s.at >= horizon);
-                counted.pruned_at = now;
-            }
+            counted.prune(now);
             let seen = counted.seen.entry((o.controller, key.clone()));
             match seen {
                 std::collections::hash_map::Entry::Occupied(mut e) => {
@@ -292,13 +307,17 @@ impl Conflicts {
                 resource: subject.clone(),
             })
             .inc();
-        *crate::lock(&self.latest) = Some(Conflict {
-            controller: o.controller,
-            resource: subject,
-            key,
-            manager: KCM_MANAGER.to_string(),
-            at,
-        });
+        // The newest write is what `/readyz` reports (a relist may deliver an older one later).
+        let mut latest = crate::lock(&self.latest);
+        if latest.as_ref().is_none_or(|l| l.at <= at) {
+            *latest = Some(Conflict {
+                controller: o.controller,
+                resource: subject,
+                key,
+                manager: KCM_MANAGER.to_string(),
+                at,
+            });
+        }
     }
 
     /// The last conflict, if it is at most [`REPORT_SECONDS`] old at `now` (Unix seconds).

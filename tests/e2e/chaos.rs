@@ -48,9 +48,10 @@ const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 /// Keeps the scheduler off the outage's nodes (no kubelet runs there).
 const NO_KUBELET: &str = "pilothouse.test/no-kubelet";
 const OUTAGE_ZONE: &str = "zone-outage";
-/// The outage's pods that tolerate the unreachable taint for [`OUTAGE_TOLERATION`] s.
-const EVICTED: [&str; 2] = ["evict-0", "evict-1"];
-const OUTAGE_TOLERATION: i64 = 5;
+/// The outage's pods that tolerate the unreachable taint for a while, and for how long: one is
+/// evicted before the faults begin, the other's clock runs through them (each new leader starts
+/// it again when it first sees the pod, as kcm does).
+const EVICTED: [(&str, i64); 2] = [("evict-0", 5), ("evict-1", 40)];
 const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
 const MIRRORED_BY: &str = "endpointslicemirroring-controller.k8s.io";
 const TAINT: &str = "pilothouse.test/chaos";
@@ -88,8 +89,8 @@ impl Replicas {
             "--leader-elect-renew-deadline=6s".to_string(),
             "--leader-elect-retry-period=1s".to_string(),
             format!("--controllers={}", REPLACED.join(",")),
-            // A kubelet's 40 s Lease: a kube-apiserver restart (its 10 s grace and start) is
-            // shorter, so only the failed node goes stale; nodes are watched every second.
+            // A kubelet's 40 s Lease (kcm's grace is 50 s); every node but the failed one renews
+            // well within it between faults, and each new leader starts its nodes' clocks afresh.
             "--node-monitor-period=1s".to_string(),
             "--node-monitor-grace-period=40s".to_string(),
         ];
@@ -257,8 +258,11 @@ async fn mixed_workload_under_faults() -> Result<()> {
         })
     };
 
-    // The workload.
+    // The workload. The node outage first: out-a is tainted before the faults, so that its
+    // taint is carried through all of them.
     let outage = Outage::start(&client, &ns).await?;
+    let tainted = outage.fail_until_tainted().await?;
+    println!("MEASURE chaos: out-a tainted at {tainted}, before the faults");
     serving::start(&client, &ns).await?;
     let victim_created =
         k8s::tolerating_pod_on_tainted_node(&client, &ns, "zone-chaos", TAINT, TOLERATION_SECONDS)
@@ -312,11 +316,8 @@ async fn mixed_workload_under_faults() -> Result<()> {
     at(16).await;
     replicas.sigkill_leader().await?;
     note("leader SIGKILLed");
-    at(20).await;
-    outage.fail().await;
-    note("out-a's kubelet stopped");
     // A burst of writes under way when the leader is cut: 20 pods at once, then their
-    // tracking finalizers and the status.
+    // tracking finalizers and the status. The cut comes once the first of them exists.
     at(25).await;
     j.create(&jobs::job(
         "burst",
@@ -324,8 +325,14 @@ async fn mixed_workload_under_faults() -> Result<()> {
         jobs::template(Some(0), "2s"),
     )?)
     .await?;
-    note("a Job of 20 parallel pods created");
-    at(26).await;
+    wait::until(
+        "the burst's first pod",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async { Ok((!j.pods_of("burst").await?.is_empty()).then_some(())) },
+    )
+    .await?;
+    note("a Job of 20 parallel pods created, its first pod seen");
     let exited = replicas.partition_leader().await?;
     note(&format!(
         "leader cut from the API server; it exited {:.1}s later, then the link healed",
@@ -440,7 +447,7 @@ async fn mixed_workload_under_faults() -> Result<()> {
     );
     ensure!(!expected.is_empty(), "the run spanned no CronJob minute");
     serving::check(&client, &ns).await?;
-    let tainted = outage.check(&client, &ns).await?;
+    outage.check(&client, &ns, tainted).await?;
 
     sup.abort();
     replicas.stop();
@@ -494,16 +501,18 @@ async fn mixed_workload_under_faults() -> Result<()> {
             .map(|e| e.received())
             .collect()
     };
-    for name in EVICTED {
+    let mut evicted_after = Vec::new();
+    for (name, seconds) in EVICTED {
         let first = deletions(name).into_iter().flatten().min();
         let Some(first) = first else {
             anyhow::bail!("{name} was not deleted by Pilothouse");
         };
         let after = tainted.duration_until(first).as_secs_f64();
         ensure!(
-            after >= OUTAGE_TOLERATION as f64 - 1.0,
-            "{name} deleted {after:.1}s after out-a's taint, before its {OUTAGE_TOLERATION}s"
+            after >= seconds as f64 - 1.0,
+            "{name} deleted {after:.1}s after out-a's taint, before its {seconds}s"
         );
+        evicted_after.push(format!("{name} ({seconds}s) {after:.1}s"));
     }
     for name in ["keep", "stay"] {
         ensure!(deletions(name).is_empty(), "Pilothouse deleted {name}");
@@ -527,7 +536,8 @@ async fn mixed_workload_under_faults() -> Result<()> {
         deletes.len()
     );
     println!(
-        "MEASURE chaos: out-a tainted at {tainted}, its two pods evicted after their {OUTAGE_TOLERATION}s, the healthy nodes never tainted; web rolled out to {} ready on one revision, its slice and ext's mirrored slice exact",
+        "MEASURE chaos: out-a's taint kept through every fault; its pods deleted after the taint: {}; the healthy nodes never tainted; web rolled out to {} ready on one revision, its slice and ext's mirrored slice exact",
+        evicted_after.join(", "),
         serving::REPLICAS
     );
     k8s::release_pods(&client, &ns).await?;
@@ -536,9 +546,10 @@ async fn mixed_workload_under_faults() -> Result<()> {
 
 /// A node outage in a zone of its own: three nodes outside kwok whose Leases the test renews;
 /// `out-a` stops renewing. Its pods: two tolerating the unreachable taint for
-/// [`OUTAGE_TOLERATION`] s (evicted), one tolerating every NoExecute taint (kept); `out-b` holds a
+/// a while ([`EVICTED`]), one tolerating every NoExecute taint (kept); `out-b` holds a
 /// pod that must stay. A watcher records the nodes' taints every 250 ms through every fault.
 struct Outage {
+    client: Client,
     hb: Heartbeats,
     nodes: [String; 3],
     log: Arc<Mutex<TaintLog>>,
@@ -569,9 +580,9 @@ impl Outage {
         }
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         let pp = PostParams::default();
-        let brief = json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": OUTAGE_TOLERATION}]);
-        for name in EVICTED {
-            pods.create(&pp, &k8s::pod_on_node(name, &nodes[0], brief.clone())?)
+        for (name, seconds) in EVICTED {
+            let brief = json!([{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}]);
+            pods.create(&pp, &k8s::pod_on_node(name, &nodes[0], brief)?)
                 .await?;
         }
         let forever = json!([{"operator": "Exists", "effect": "NoExecute"}]);
@@ -640,6 +651,7 @@ impl Outage {
             })
         };
         Ok(Outage {
+            client: client.clone(),
             hb,
             nodes,
             log,
@@ -647,22 +659,37 @@ impl Outage {
         })
     }
 
-    /// `out-a`'s kubelet stops.
-    async fn fail(&self) -> Timestamp {
-        self.hb.fail(&self.nodes[..1]).await
+    /// `out-a`'s kubelet stops; returns its NoExecute taint's `timeAdded` once the node-lifecycle
+    /// controller has added it (the grace, 40 s, after the last renewal).
+    async fn fail_until_tainted(&self) -> Result<Timestamp> {
+        self.hb.fail(&self.nodes[..1]).await;
+        let api = Api::<Node>::all(self.client.clone());
+        wait::until(
+            "out-a's unreachable NoExecute taint",
+            Duration::from_secs(90),
+            Duration::from_millis(250),
+            || async {
+                Ok(k8s::taints(&api.get(&self.nodes[0]).await?)
+                    .into_iter()
+                    .find(|t| t.key == UNREACHABLE && t.effect == "NoExecute")
+                    .and_then(|t| t.time_added)
+                    .map(|t| t.0))
+            },
+        )
+        .await
     }
 
-    /// Exact: `out-a` Unknown and tainted once (one `timeAdded` through every fault, never
-    /// missing once added), the healthy nodes never tainted, the two pods evicted and the
-    /// others not; returns the taint's `timeAdded`.
-    async fn check(&self, client: &Client, ns: &str) -> Result<Timestamp> {
+    /// Exact: `out-a` Unknown, its NoExecute taint the one added before the faults (one
+    /// `timeAdded` through all of them, never missing), the healthy nodes never tainted, the
+    /// two pods evicted and the others not.
+    async fn check(&self, client: &Client, ns: &str, tainted: Timestamp) -> Result<()> {
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         wait::until(
             "the outage's pods evicted",
             Duration::from_secs(240),
             Duration::from_millis(500),
             || async {
-                for name in EVICTED {
+                for (name, _) in EVICTED {
                     if !k8s::deleted(&pods, name).await? {
                         return Ok(None);
                     }
@@ -687,8 +714,8 @@ impl Outage {
         self.watcher.abort();
         let log = self.log.lock().expect("taint log").clone();
         ensure!(
-            log.added.len() == 1 && !log.added.contains(&Timestamp::MIN),
-            "out-a's NoExecute taint was added more than once or without a time: {:?}",
+            log.added.len() == 1 && log.added.contains(&tainted),
+            "out-a's NoExecute taint, added at {tainted} before the faults, was added again or without a time: {:?}",
             log.added
         );
         ensure!(
@@ -704,7 +731,7 @@ impl Outage {
         for name in ["keep", "stay"] {
             ensure!(!k8s::deleted(&pods, name).await?, "{name} was deleted");
         }
-        Ok(log.added.into_iter().next().unwrap_or(Timestamp::MIN))
+        Ok(())
     }
 }
 

@@ -2,7 +2,9 @@
 //! Generators produce only objects the API server accepts (batch/v1 validation: completions,
 //! parallelism, backoffLimit, backoffLimitPerIndex ≥ 0; activeDeadlineSeconds > 0; Indexed
 //! completions and parallelism ≤ 10⁵ when backoffLimitPerIndex is set; status counters ≥ 0;
-//! timestamps in RFC 3339's years 0001..9999), but at their limits.
+//! timestamps in RFC 3339's years 0001..9999), but at their limits. Index lists
+//! (`completedIndexes`, `failedIndexes`, a success rule's `succeededIndexes`) also take odd
+//! strings the controller must not trust, valid or not.
 
 use super::*;
 use crate::pods::testing::{pod, ts};

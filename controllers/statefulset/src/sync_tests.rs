@@ -715,24 +715,37 @@ async fn a_set_at_the_apis_extremes_creates_only_valid_ordinals() {
     settle().await;
     let mut names = pod_names(&kit);
     names.sort();
-    names.dedup();
     assert_eq!(
         names,
         ["big-0", "top-2147483646", "top-2147483647"],
-        "{:?}",
-        kit.api.calls().len()
+        "each valid ordinal created once"
     );
-    // Each pod's claim came first, named after the template, the set and the ordinal.
-    let mut claims: Vec<String> = creates(&kit, "persistentvolumeclaims")
-        .iter()
-        .filter_map(|c| c["metadata"]["name"].as_str().map(String::from))
+    // Each pod's claim came first: named after the template, the set and the ordinal.
+    let order: Vec<String> = kit
+        .api
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Create(t, v) if t.plural == "pods" || t.plural == "persistentvolumeclaims" => {
+                v["metadata"]["name"].as_str().map(String::from)
+            }
+            _ => None,
+        })
         .collect();
-    claims.sort();
-    claims.dedup();
-    assert_eq!(
-        claims,
-        ["data-big-0", "data-top-2147483646", "data-top-2147483647"]
-    );
+    for pod in ["big-0", "top-2147483646", "top-2147483647"] {
+        let claim = format!("data-{pod}");
+        let at = |n: &str| order.iter().position(|o| o == n);
+        assert!(
+            at(&claim).is_some() && at(&claim) < at(pod),
+            "{claim} before {pod}: {order:?}"
+        );
+        assert_eq!(
+            order.iter().filter(|o| **o == claim).count(),
+            1,
+            "{order:?}"
+        );
+    }
+    assert_eq!(order.len(), 6, "{order:?}");
     let panics = series(
         &kit,
         "pilothouse_reconcile_panics_total{controller=\"statefulset-controller\"}",
