@@ -540,6 +540,18 @@ async fn mixed_workload_under_faults() -> Result<()> {
         evicted_after.join(", "),
         serving::REPLICAS
     );
+    // kube-scheduler exits on purpose when a kube-apiserver restart leaves its cache
+    // inconsistent; the plane restarts it as a kubelet would. Said, not hidden.
+    let scheduler_log = cluster()
+        .audit_log()
+        .parent()
+        .map(|d| d.join("logs/kube-scheduler.log"))
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    println!(
+        "MEASURE chaos: kube-scheduler restarted {} times",
+        scheduler_log.matches("kube-scheduler exited").count()
+    );
     k8s::release_pods(&client, &ns).await?;
     Ok(())
 }
