@@ -247,12 +247,13 @@ pub fn lifecycle_patch(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::NodeSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    fn node(unschedulable: Option<bool>, taints: Vec<Taint>, ann: Option<&str>) -> Node {
+    /// A node `w1` at resourceVersion 7 (the property tests build theirs with it too).
+    pub(crate) fn node(unschedulable: Option<bool>, taints: Vec<Taint>, ann: Option<&str>) -> Node {
         Node {
             metadata: ObjectMeta {
                 name: Some("w1".into()),

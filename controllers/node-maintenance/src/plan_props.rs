@@ -240,25 +240,8 @@ fn node() -> impl Strategy<Value = Node> {
             Just("yes")
         ]),
     )
-        .prop_map(|(unschedulable, taints, recorded)| Node {
-            metadata: ObjectMeta {
-                name: Some("w1".into()),
-                resource_version: Some("7".into()),
-                annotations: recorded.map(|r| {
-                    [(
-                        ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE.to_string(),
-                        r.to_string(),
-                    )]
-                    .into()
-                }),
-                ..Default::default()
-            },
-            spec: Some(NodeSpec {
-                unschedulable,
-                taints: (!taints.is_empty()).then_some(taints),
-                ..Default::default()
-            }),
-            status: None,
+        .prop_map(|(unschedulable, taints, recorded)| {
+            plan::tests::node(unschedulable, taints, recorded)
         })
 }
 
