@@ -1,16 +1,19 @@
-//! Issue 17 §2: faults under a mixed workload. Three Pilothouse replicas (every controller but
-//! node-maintenance; each behind a TCP proxy of its own, restarted like a Deployment's pods when
-//! they exit) run NonIndexed, Indexed and failing Jobs (one of 20 parallel pods created a second
-//! before the leader is cut, so that the cut lands in a burst of writes), a minutely CronJob, a pod waiting out
-//! its toleration of a NoExecute taint, a node outage, a StatefulSet scaled and rolled out behind
-//! a Service, and a selectorless Service whose Endpoints change, while a fixed schedule injects
-//! faults: the leader SIGKILLed three times, the leader cut from the API server, kube-apiserver
-//! restarted twice and etcd once. The checks are exact: every Job's counts, completed indexes,
-//! condition and pod count; no pod left with the tracking finalizer; every CronJob minute run
-//! once; the tolerating pod deleted, not before its toleration ran out; the failed node tainted
-//! once (one `timeAdded` through every fault), the healthy ones never, its pods evicted after
-//! their toleration and the others not; the StatefulSet's ordinals once each on the update
-//! revision; each Service's one slice holding exactly its endpoints; no replica panicked.
+//! Issue 17 §2: faults under a mixed workload. Three Pilothouse replicas (every controller; each
+//! behind a TCP proxy of its own, restarted like a Deployment's pods when they exit) run
+//! NonIndexed, Indexed and failing Jobs (one of 20 parallel pods created a second before the
+//! leader is cut, so that the cut lands in a burst of writes), a minutely CronJob, a pod waiting
+//! out its toleration of a NoExecute taint, a node outage, a StatefulSet scaled and rolled out
+//! behind a Service, a selectorless Service whose Endpoints change, and a NodeMaintenance
+//! draining a node behind PDBs and ended, while a fixed schedule injects faults: the leader
+//! SIGKILLed three times, the leader cut from the API server, kube-apiserver restarted twice and
+//! etcd once. The checks are exact: every Job's counts, completed indexes, condition and pod
+//! count; no pod left with the tracking finalizer; every CronJob minute run once; the tolerating
+//! pod deleted, not before its toleration ran out; the failed node tainted once (one
+//! `timeAdded` through every fault), the healthy ones never, its pods evicted after their
+//! toleration and the others not; the StatefulSet's ordinals once each on the update revision;
+//! each Service's one slice holding exactly its endpoints; the drained node's pods each evicted,
+//! no other pod, the status counting each once, the node cordoned while drained and restored
+//! after; no replica panicked.
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -88,7 +91,11 @@ impl Replicas {
             "--leader-elect-lease-duration=8s".to_string(),
             "--leader-elect-renew-deadline=6s".to_string(),
             "--leader-elect-retry-period=1s".to_string(),
-            format!("--controllers={}", REPLACED.join(",")),
+            // node-maintenance-controller is Pilothouse's own (kcm has no such controller).
+            format!(
+                "--controllers={},node-maintenance-controller",
+                REPLACED.join(",")
+            ),
             // A kubelet's 40 s Lease (kcm's grace is 50 s); every node but the failed one renews
             // well within it between faults, and each new leader starts its nodes' clocks afresh.
             "--node-monitor-period=1s".to_string(),
@@ -258,8 +265,11 @@ async fn mixed_workload_under_faults() -> Result<()> {
         })
     };
 
-    // The workload. The node outage first: out-a is tainted before the faults, so that its
-    // taint is carried through all of them.
+    // The workload. The maintenance shape first, while no other pod could land on its nodes
+    // before they are tainted.
+    let mut drain = maintenance::Drain::prepare().await?;
+    // The node outage: out-a is tainted before the faults, so that its taint is carried through
+    // all of them.
     let outage = Outage::start(&client, &ns).await?;
     let tainted = outage.fail_until_tainted().await?;
     println!("MEASURE chaos: out-a tainted at {tainted}, before the faults");
@@ -313,6 +323,12 @@ async fn mixed_workload_under_faults() -> Result<()> {
     at(6).await;
     replicas.sigkill_leader().await?;
     note("leader SIGKILLed");
+    // The next leader begins the drain; the kill at 16 s and the cut come in the middle of it.
+    drain.begin().await?;
+    note(&format!(
+        "NodeMaintenance created: {} pods to drain behind PDBs",
+        drain.targets()
+    ));
     at(16).await;
     replicas.sigkill_leader().await?;
     note("leader SIGKILLed");
@@ -368,6 +384,9 @@ async fn mixed_workload_under_faults() -> Result<()> {
     at(60).await;
     replicas.sigkill_leader().await?;
     note("leader SIGKILLed");
+    // Ended while there is no leader: the next one restores the node as etcd restarts.
+    drain.end().await?;
+    note("NodeMaintenance Drained, then deleted");
     at(70).await;
     cluster().restart_etcd().await?;
     note("etcd restarted (back up)");
@@ -448,6 +467,7 @@ async fn mixed_workload_under_faults() -> Result<()> {
     ensure!(!expected.is_empty(), "the run spanned no CronJob minute");
     serving::check(&client, &ns).await?;
     outage.check(&client, &ns, tainted).await?;
+    drain.wait_ended().await?;
 
     sup.abort();
     replicas.stop();
@@ -517,6 +537,7 @@ async fn mixed_workload_under_faults() -> Result<()> {
     for name in ["keep", "stay"] {
         ensure!(deletions(name).is_empty(), "Pilothouse deleted {name}");
     }
+    drain.check(&events).await?;
 
     // No replica panicked (a caught panic is logged and counted; none may happen here).
     let logs = replicas.logs.lock().expect("logs").clone();
@@ -978,14 +999,264 @@ mod serving {
     }
 }
 
+/// A NodeMaintenance draining a node through the faults and ended during them: the maintenance
+/// shape's three kwok nodes (kept apart by a taint of their own), its `web` Deployment behind a
+/// `maxUnavailable: 1` PDB and `logship` DaemonSet, and a Deployment `batch` preferring the
+/// drained node behind a PDB of its own, so that the drain takes several evictions spaced by
+/// PDB refusals and backoff.
+mod maintenance {
+    use super::*;
+    use pilothouse_tests::maintenance::{
+        self as nm, Maintenances, NodeMaintenance, Shape, ShapeOptions, api, cordon_state, name_of,
+        progress,
+    };
+    use std::collections::BTreeMap;
+
+    /// Keeps the rest of the workload off the shape's nodes (an evicted Job pod would change
+    /// that Job's counts).
+    const SHAPE_TAINT: &str = "pilothouse.test/nm-chaos";
+    const BATCH: usize = 3;
+    /// A node's (unschedulable, maintenance taint, recorded-unschedulable annotation).
+    type Cordon = (bool, bool, Option<String>);
+
+    pub struct Drain {
+        shape: Shape,
+        nms: Maintenances,
+        name: String,
+        /// The pods on the drained node when the maintenance began (logship's is a DaemonSet's).
+        targets: BTreeSet<String>,
+        /// The object when it reported `Drained`, and the node then.
+        drained: Option<(NodeMaintenance, Cordon)>,
+    }
+
+    impl Drain {
+        pub async fn prepare() -> Result<Drain> {
+            let shape = Shape::new(
+                cluster(),
+                "chaos-nm",
+                ShapeOptions {
+                    taint: Some(SHAPE_TAINT),
+                    ..Default::default()
+                },
+            )
+            .await?;
+            let w1 = shape.w(1).to_string();
+            let mut spec = shape.prefer(&w1);
+            spec["terminationGracePeriodSeconds"] = json!(2);
+            shape.deployment("batch", BATCH as i32, spec).await?;
+            shape
+                .pdb("batch-pdb", json!({"maxUnavailable": 1}), "batch")
+                .await?;
+            wait::until(
+                "batch's replicas ready",
+                Duration::from_secs(60),
+                Duration::from_millis(250),
+                || async {
+                    let pods = shape.pods.list(&ListParams::default()).await?.items;
+                    let ready = pods
+                        .iter()
+                        .filter(|p| nm::label(p, "app") == Some("batch") && nm::is_ready(p))
+                        .count();
+                    Ok((ready == BATCH).then_some(()))
+                },
+            )
+            .await?;
+            shape.wait_pdb_allows("batch-pdb", 1).await?;
+            let targets: BTreeSet<String> = shape
+                .pods_on(&w1)
+                .await?
+                .iter()
+                .filter(|p| nm::label(p, "app") != Some("logship"))
+                .map(name_of)
+                .collect();
+            // web's pod and at least one of batch's: the drain needs PDB-spaced evictions.
+            ensure!(targets.len() >= 2, "pods on {w1} to drain: {targets:?}");
+            let name = format!("{}-nm", shape.name);
+            Ok(Drain {
+                nms: Maintenances::new(shape.client.clone()),
+                shape,
+                name,
+                targets,
+                drained: None,
+            })
+        }
+
+        pub fn targets(&self) -> usize {
+            self.targets.len()
+        }
+
+        pub async fn begin(&self) -> Result<()> {
+            let spec = json!({"nodeName": self.shape.w(1), "reason": "chaos"});
+            wait::until(
+                "the API server to take the NodeMaintenance",
+                Duration::from_secs(30),
+                Duration::from_millis(300),
+                || async {
+                    if self.nms.create(&self.name, spec.clone()).await.is_ok() {
+                        return Ok(Some(()));
+                    }
+                    // An earlier try may have landed though its answer was lost.
+                    Ok(self.nms.get_opt(&self.name).await?.map(|_| ()))
+                },
+            )
+            .await
+        }
+
+        /// Waits for `Drained`, keeps the object and the node as they were then, and ends the
+        /// maintenance (deletes the object: the finalizer restores the node).
+        pub async fn end(&mut self) -> Result<()> {
+            let done = self
+                .nms
+                .wait_condition(
+                    &self.name,
+                    api::CONDITION_DRAINED,
+                    "True",
+                    "DrainComplete",
+                    Duration::from_secs(120),
+                )
+                .await?;
+            let node = self.shape.node(self.shape.w(1)).await?;
+            self.drained = Some((done, cordon_state(&node)));
+            wait::until(
+                "the API server to take the NodeMaintenance's deletion",
+                Duration::from_secs(30),
+                Duration::from_millis(300),
+                || async { Ok(self.nms.delete(&self.name).await.ok()) },
+            )
+            .await
+        }
+
+        /// Waits until the controller has removed its finalizer and the object is gone; the
+        /// nodes must then be as before the maintenance.
+        pub async fn wait_ended(&self) -> Result<()> {
+            self.nms
+                .wait_gone(&self.name, Duration::from_secs(60))
+                .await?;
+            for node in &self.shape.nodes {
+                let state = cordon_state(&self.shape.node(node).await?);
+                ensure!(
+                    state == (false, false, None),
+                    "{node} after the maintenance ended: {state:?}"
+                );
+            }
+            Ok(())
+        }
+
+        /// Exact: every pod on the node when the drain began evicted, no other pod evicted, the
+        /// status counting each once; the node cordoned while drained; the other nodes never
+        /// written by the controller.
+        pub async fn check(self, events: &[audit::AuditEvent]) -> Result<()> {
+            let (done, cordoned) = self
+                .drained
+                .clone()
+                .context("the maintenance was never ended")?;
+            let n = i64::try_from(self.targets.len())?;
+            let p = progress(&done);
+            ensure!(
+                (p.targeted, p.evicted, p.pending, p.blocked, p.terminating) == (n, n, 0, 0, 0)
+                    && p.skipped.daemon_set == 1
+                    && p.percent == 100,
+                "Drained with progress {p:?}, {n} targets {:?}",
+                self.targets
+            );
+            let listed = done
+                .status
+                .as_ref()
+                .map(|s| s.targeted_pods.clone())
+                .unwrap_or_default();
+            let gone: BTreeSet<String> = listed
+                .iter()
+                .filter(|t| {
+                    t.namespace == self.shape.ns
+                        && t.state == api::TargetState::Gone
+                        && t.method == Some(api::EvictionMethod::Eviction)
+                })
+                .map(|t| t.name.clone())
+                .collect();
+            ensure!(
+                listed.len() == self.targets.len() && gone == self.targets,
+                "targetedPods {listed:?}, want {:?} each Gone by eviction",
+                self.targets
+            );
+            ensure!(
+                cordoned == (true, true, Some("false".into())),
+                "{} when Drained: (unschedulable, maintenance taint, annotation) = {cordoned:?}",
+                self.shape.w(1)
+            );
+            // The audit log: the controller's accepted evictions, per pod.
+            let nmc = |e: &&audit::AuditEvent| {
+                e.stage == "ResponseComplete" && e.user_agent.contains(nm::NMC_AGENT)
+            };
+            let mut evicted: BTreeMap<String, u32> = BTreeMap::new();
+            for e in events.iter().filter(nmc) {
+                let Some(o) = e.object_ref.as_ref() else {
+                    continue;
+                };
+                let code = e.response_status.as_ref().and_then(|s| s.code);
+                if e.verb == "create"
+                    && o.resource == "pods"
+                    && o.subresource == "eviction"
+                    && code.is_some_and(|c| (200..300).contains(&c))
+                {
+                    *evicted
+                        .entry(format!("{}/{}", o.namespace, o.name))
+                        .or_default() += 1;
+                }
+            }
+            let want: BTreeSet<String> = self
+                .targets
+                .iter()
+                .map(|t| format!("{}/{t}", self.shape.ns))
+                .collect();
+            ensure!(
+                evicted.keys().cloned().collect::<BTreeSet<_>>() == want,
+                "pods evicted by the controller {evicted:?}, want exactly {want:?}"
+            );
+            // A repeated eviction of a pod already terminating (a leader that did not see the
+            // first one answered) deletes nothing more; said, not hidden.
+            let again: u32 = evicted.values().map(|c| c.saturating_sub(1)).sum();
+            let others: Vec<String> = events
+                .iter()
+                .filter(nmc)
+                .filter(|e| matches!(e.verb.as_str(), "patch" | "update"))
+                .filter_map(|e| e.object_ref.as_ref())
+                .filter(|o| {
+                    o.resource == "nodes"
+                        && o.name != self.shape.w(1)
+                        && self.shape.nodes.contains(&o.name)
+                })
+                .map(|o| o.name.clone())
+                .collect();
+            ensure!(
+                others.is_empty(),
+                "the controller wrote the undrained nodes: {others:?}"
+            );
+            println!(
+                "MEASURE chaos: {} drained through the faults: {n} pods evicted once each ({again} repeated evictions of a terminating pod), the node cordoned while Drained and restored when the object was deleted",
+                self.shape.w(1)
+            );
+            self.shape.cleanup(cluster()).await
+        }
+    }
+}
+
+fn install_crd(c: &pilothouse_tests::Cluster) -> Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(pilothouse_tests::maintenance::install_crd(c))
+}
+
 fn main() -> ! {
-    pilothouse_tests::harness::main(
+    pilothouse_tests::harness::main_with_setup(
         "chaos",
-        // kube-controller-manager keeps everything but the controllers under test.
+        // kube-controller-manager keeps everything but the controllers under test (its
+        // disruption controller computes the PDBs' status for the drain).
         ClusterOptions {
             replace: Some(REPLACED.to_vec()),
             ..Default::default()
         },
+        install_crd,
         None,
         vec![trial(
             "mixed_workload_under_faults",

@@ -90,6 +90,9 @@ pub struct ShapeOptions {
     pub web_grace: i64,
     /// Whether to create `web`, `web-pdb` and `logship` at all (the nodes alone otherwise).
     pub workload: bool,
+    /// A `NoSchedule` taint key the shape's nodes carry and only its own pods tolerate, to keep
+    /// a plane's other workloads off them (the chaos suite's Jobs).
+    pub taint: Option<&'static str>,
 }
 
 impl Default for ShapeOptions {
@@ -97,6 +100,7 @@ impl Default for ShapeOptions {
         ShapeOptions {
             web_grace: 2,
             workload: true,
+            taint: None,
         }
     }
 }
@@ -112,6 +116,7 @@ pub struct Shape {
     pub nodes: Vec<String>,
     pub pods: Api<Pod>,
     pub node_api: Api<Node>,
+    taint: Option<&'static str>,
 }
 
 impl Shape {
@@ -128,6 +133,7 @@ impl Shape {
             name,
             ns,
             nodes,
+            taint: opts.taint,
         };
         futures::future::try_join_all(shape.nodes.iter().map(|n| shape.add_node(n))).await?;
         if opts.workload {
@@ -143,7 +149,22 @@ impl Shape {
         self.node_api
             .patch(node, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
+        if let Some(key) = self.taint {
+            k8s::modify_taints(&self.client, node, |ts| {
+                ts.push(k8s::taint(key, "", "NoSchedule"))
+            })
+            .await?;
+        }
         Ok(())
+    }
+
+    /// What every pod of the shape tolerates: kwok's taint, and the shape's own if it has one.
+    pub fn tolerations(&self) -> Vec<Value> {
+        let mut ts = vec![kwok_toleration()];
+        if let Some(key) = self.taint {
+            ts.push(json!({"key": key, "operator": "Exists", "effect": "NoSchedule"}));
+        }
+        ts
     }
 
     pub fn w(&self, i: usize) -> &str {
@@ -176,7 +197,7 @@ impl Shape {
                     "metadata": {"labels": {"app": "logship"}},
                     "spec": {
                         "nodeSelector": {SHAPE_LABEL: self.name},
-                        "tolerations": [kwok_toleration()],
+                        "tolerations": self.tolerations(),
                         "terminationGracePeriodSeconds": 1,
                         "containers": [{"name": "c", "image": "busybox"}]
                     }
@@ -216,7 +237,7 @@ impl Shape {
         let mut spec = pod_spec;
         spec["containers"] = json!([{"name": "c", "image": "busybox"}]);
         let mut tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
-        tolerations.push(kwok_toleration());
+        tolerations.extend(self.tolerations());
         spec["tolerations"] = Value::Array(tolerations);
         let d: Deployment = serde_json::from_value(json!({
             "metadata": {"name": name},
@@ -305,7 +326,7 @@ impl Shape {
     ) -> Result<Pod> {
         let mut spec = extra;
         spec["nodeName"] = json!(node);
-        spec["tolerations"] = json!([kwok_toleration()]);
+        spec["tolerations"] = json!(self.tolerations());
         if spec.get("containers").is_none() {
             spec["containers"] = json!([{"name": "c", "image": "busybox"}]);
         }
