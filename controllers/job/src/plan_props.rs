@@ -67,6 +67,8 @@ struct PodIn {
     deleting: Option<(i64, i64)>,
     created: i64,
     restarts: i32,
+    /// Conditions a podFailurePolicy rule can match (the Ready condition is `ready`).
+    conditions: Vec<(&'static str, &'static str)>,
 }
 
 fn pod_in() -> impl Strategy<Value = PodIn> {
@@ -98,17 +100,27 @@ fn pod_in() -> impl Strategy<Value = PodIn> {
         )),
         instant(),
         count32(),
+        prop::collection::vec(
+            (
+                prop::sample::select(vec!["DisruptionTarget", "ConfigIssue"]),
+                prop::sample::select(vec!["True", "False", "Unknown"]),
+            ),
+            0..3,
+        ),
     )
         .prop_map(
-            |(phase, finalizer, ready, index, exit, deleting, created, restarts)| PodIn {
-                phase,
-                finalizer,
-                ready,
-                index,
-                exit,
-                deleting,
-                created,
-                restarts,
+            |(phase, finalizer, ready, index, exit, deleting, created, restarts, conditions)| {
+                PodIn {
+                    phase,
+                    finalizer,
+                    ready,
+                    index,
+                    exit,
+                    deleting,
+                    created,
+                    restarts,
+                    conditions,
+                }
             },
         )
 }
@@ -126,6 +138,9 @@ fn build_pod(i: usize, p: &PodIn) -> Pod {
     }
     if p.ready {
         b = b.ready();
+    }
+    for (type_, status) in &p.conditions {
+        b = b.condition(type_, status);
     }
     if let Some(ix) = &p.index {
         b = b.annotate(pods::COMPLETION_INDEX, ix);
@@ -615,6 +630,7 @@ fn status_counters_at_i32_max_saturate() {
         deleting: None,
         created: 0,
         restarts: 0,
+        conditions: vec![],
     };
     run_all(&j, &[done(0), done(1), done(0), done(1)], 100, (0, None));
 }
