@@ -802,25 +802,7 @@ mod serving {
             .create(&pp, &serde_json::from_value(endpoints(&EXT[..3]))?)
             .await?;
         Api::<StatefulSet>::namespaced(client.clone(), ns)
-            .create(
-                &pp,
-                &serde_json::from_value(json!({
-                    "metadata": {"name": "web"},
-                    "spec": {
-                        "replicas": 3,
-                        "serviceName": "web",
-                        "selector": {"matchLabels": {"app": "web"}},
-                        "template": {
-                            "metadata": {"labels": {"app": "web"}},
-                            "spec": {
-                                "terminationGracePeriodSeconds": 1,
-                                "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-                                "containers": [{"name": "c", "image": "nginx:1"}]
-                            }
-                        }
-                    }
-                }))?,
-            )
+            .create(&pp, &serde_json::from_value(k8s::stateful_set("web", 3))?)
             .await?;
         Ok(())
     }

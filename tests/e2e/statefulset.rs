@@ -37,25 +37,7 @@ async fn ns(prefix: &str) -> Result<Ns> {
 }
 
 fn set(name: &str, replicas: i32, extra: Value) -> Result<StatefulSet> {
-    let mut v = json!({
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    // kwok keeps a deleted pod for its grace period: 1 s keeps rollouts short
-                    // (0 would draw B-7's warning).
-                    "terminationGracePeriodSeconds": 1,
-                    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-                    "containers": [{"name": "c", "image": "nginx:1"}]
-                }
-            }
-        }
-    });
+    let mut v = k8s::stateful_set(name, replicas);
     k8s::merge_json(&mut v["spec"], &extra);
     Ok(serde_json::from_value(v)?)
 }

@@ -27,23 +27,10 @@ use std::time::Duration;
 const NS: &str = "sts-diff";
 
 fn set(name: &str, replicas: i32, extra: Value) -> Value {
-    let mut v = json!({
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": name, "annotations": {"team": "a<b>&c"}},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name, "tier": "web"}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-                    "containers": [{"name": "c", "image": "nginx:1"}]
-                }
-            }
-        }
-    });
+    let mut v = k8s::stateful_set(name, replicas);
+    // An annotation that needs escaping, and a second pod label.
+    v["metadata"]["annotations"] = json!({"team": "a<b>&c"});
+    v["spec"]["template"]["metadata"]["labels"]["tier"] = json!("web");
     if let (Some(spec), Some(extra)) = (v["spec"].as_object_mut(), extra.as_object()) {
         for (k, x) in extra {
             spec.insert(k.clone(), x.clone());

@@ -272,6 +272,29 @@ pub fn since(t: Timestamp) -> f64 {
 
 /// Deep-merges `from` into `into`: objects key by key, anything else replaced (a JSON merge
 /// patch without deletions), for building test objects from a base and the fields a trial sets.
+/// A StatefulSet `name` (selector and pod label `app: name`, Service `name`) of `replicas` pods
+/// for kwok, with a grace of 1 s: kwok keeps a deleted pod that long, so rollouts stay short (0
+/// would draw B-7's warning).
+pub fn stateful_set(name: &str, replicas: i32) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{"name": "c", "image": "nginx:1"}]
+                }
+            }
+        }
+    })
+}
+
 pub fn merge_json(into: &mut serde_json::Value, from: &serde_json::Value) {
     use serde_json::Value;
     match (into, from) {
