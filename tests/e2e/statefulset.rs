@@ -11,7 +11,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use pilothouse_tests::cluster::ClusterOptions;
 use pilothouse_tests::harness::{SuitePilothouse, cluster, trial};
-use pilothouse_tests::{k8s, wait};
+use pilothouse_tests::webhook::{Match, Webhook};
+use pilothouse_tests::{audit, k8s, wait};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -1252,6 +1253,105 @@ async fn s15_min_ready_seconds() -> Result<()> {
     Ok(())
 }
 
+/// Issue 17 §2: a webhook refuses the set's first 4 pod creations and times out every status
+/// write for 15 s. The set still ends with `web-0`..`web-2`, each created once (the audit log's
+/// accepted creations), ready, and its status exact; a set in a namespace the webhook does not
+/// cover converges during the faults (one bad object never stalls the others).
+async fn webhook_faults_converge_exactly() -> Result<()> {
+    const USER: &str = "system:serviceaccount:kube-system:pilothouse";
+    let n = ns("sts-hook").await?;
+    let free = ns("sts-free").await?;
+    // The API server waits 2 s for an answer; a 3 s delay is a timeout.
+    let hook = Webhook::start_with_timeout(
+        n.client.clone(),
+        &n.ns,
+        &["pods", "statefulsets/status"],
+        &["CREATE", "UPDATE"],
+        2,
+    )
+    .await?;
+    let by = |resource: &str, sub: &str, op: &str| Match {
+        resource: Some(resource.into()),
+        sub_resource: Some(sub.into()),
+        operation: Some(op.into()),
+        user: Some(USER.into()),
+        ..Default::default()
+    };
+    hook.reject(
+        by("pods", "", "CREATE"),
+        4,
+        "pilothouse test: pod creation refused",
+    );
+    hook.delay(
+        by("statefulsets", "status", "UPDATE"),
+        Duration::from_secs(3),
+    );
+    n.create(&set("web", 3, json!({}))?).await?;
+    free.create(&set("web", 3, json!({}))?).await?;
+    let faults = tokio::time::Instant::now();
+    free.until_status("web", "the free set's 3 ready", 30, all_ready(3))
+        .await?;
+    let free_done = faults.elapsed();
+    tokio::time::sleep(Duration::from_secs(15).saturating_sub(free_done)).await;
+    // Every status write seen so far was delayed past the API server's wait: timed out.
+    let during = hook.seen();
+    hook.clear();
+    let cleared = faults.elapsed();
+    let st = n
+        .until_status("web", "web's 3 ready after the faults", 120, all_ready(3))
+        .await?;
+    let set_now = n.sets.get("web").await?;
+    ensure!(
+        st["replicas"].as_i64() == Some(3)
+            && st["currentReplicas"].as_i64() == Some(3)
+            && st["observedGeneration"].as_i64() == set_now.metadata.generation,
+        "web's status {st}"
+    );
+    let names: Vec<String> = n.views("web").await?.into_iter().map(|v| v.name).collect();
+    ensure!(names == ["web-0", "web-1", "web-2"], "web's pods {names:?}");
+    let refused = hook
+        .seen()
+        .iter()
+        .filter(|s| s.resource == "pods" && s.operation == "CREATE" && s.user == USER && !s.allowed)
+        .count();
+    let timed_out = during
+        .iter()
+        .filter(|s| s.resource == "statefulsets" && s.sub_resource == "status" && s.user == USER)
+        .count();
+    ensure!(
+        refused == 4 && timed_out >= 1,
+        "the faults did not all happen: {refused} creations refused, {timed_out} status writes delayed"
+    );
+    hook.remove().await?;
+    // Each pod created once: the audit log's accepted creations in the namespace (the log is
+    // written in batches, so wait for the last to land).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let created: Vec<String> = audit::read(&cluster().audit_log())?
+        .into_iter()
+        .filter(|e| {
+            e.stage == "ResponseComplete"
+                && e.verb == "create"
+                && e.user.username == USER
+                && e.response_status.as_ref().and_then(|s| s.code) == Some(201)
+        })
+        .filter_map(|e| e.object_ref)
+        .filter(|o| o.resource == "pods" && o.namespace == n.ns && o.subresource.is_empty())
+        .map(|o| o.name)
+        .collect();
+    ensure!(
+        created.len() == 3,
+        "accepted pod creations in {}: {created:?}",
+        n.ns
+    );
+    println!(
+        "MEASURE statefulset webhook faults: {refused} pod creations refused and {timed_out} status writes timed out over {:.1}s; the free set was ready {:.1}s into the faults; web ready {:.1}s after they stopped",
+        cleared.as_secs_f64(),
+        free_done.as_secs_f64(),
+        faults.elapsed().saturating_sub(cleared).as_secs_f64()
+    );
+    Ok(())
+}
+
 /// S16 (B-4): Parallel under a pod quota of 21, scaled 2 → 32 (21 pods); the quota shrinks to
 /// 20 and web-3 is deleted, so it cannot return; scaled to 10, one pod is missing below the new
 /// size and 11 are condemned above it with no quota left: upstream tries the create first, is
@@ -1503,6 +1603,10 @@ fn main() -> ! {
         trial("s13_start_ordinal", s13_start_ordinal),
         trial("s15_min_ready_seconds", s15_min_ready_seconds),
         trial("s16_quota", s16_quota),
+        trial(
+            "webhook_faults_converge_exactly",
+            webhook_faults_converge_exactly,
+        ),
         trial("s9_history", s9_history),
         trial(
             "st15_revision_missing_defaults_is_reused",
