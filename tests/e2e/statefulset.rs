@@ -1292,7 +1292,28 @@ async fn webhook_faults_converge_exactly() -> Result<()> {
     free.until_status("web", "the free set's 3 ready", 30, all_ready(3))
         .await?;
     let free_done = faults.elapsed();
+    // Not held behind web's failing syncs (each waits 2 s on a status write).
+    ensure!(
+        free_done < Duration::from_secs(10),
+        "the free set was ready only {free_done:?} into the faults"
+    );
+    // The faults last 15 s, and until the 4th refusal (each refused sync also waits out a
+    // status write).
     tokio::time::sleep(Duration::from_secs(15).saturating_sub(free_done)).await;
+    wait::until(
+        "the 4th refused pod creation",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let refused = hook
+                .seen()
+                .iter()
+                .filter(|s| s.resource == "pods" && s.operation == "CREATE" && !s.allowed)
+                .count();
+            Ok((refused >= 4).then_some(()))
+        },
+    )
+    .await?;
     // Every status write seen so far was delayed past the API server's wait: timed out.
     let during = hook.seen();
     hook.clear();

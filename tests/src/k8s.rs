@@ -270,8 +270,6 @@ pub fn since(t: Timestamp) -> f64 {
     t.duration_until(Timestamp::now()).as_secs_f64()
 }
 
-/// Deep-merges `from` into `into`: objects key by key, anything else replaced (a JSON merge
-/// patch without deletions), for building test objects from a base and the fields a trial sets.
 /// A StatefulSet `name` (selector and pod label `app: name`, Service `name`) of `replicas` pods
 /// for kwok, with a grace of 1 s: kwok keeps a deleted pod that long, so rollouts stay short (0
 /// would draw B-7's warning).
@@ -295,6 +293,8 @@ pub fn stateful_set(name: &str, replicas: i32) -> Value {
     })
 }
 
+/// Deep-merges `from` into `into`: objects key by key, anything else replaced (a JSON merge
+/// patch without deletions), for building test objects from a base and the fields a trial sets.
 pub fn merge_json(into: &mut serde_json::Value, from: &serde_json::Value) {
     use serde_json::Value;
     match (into, from) {

@@ -142,7 +142,8 @@ impl Shape {
         Ok(shape)
     }
 
-    /// A kwok node of this shape (labelled [`SHAPE_LABEL`]), Ready and untainted.
+    /// A kwok node of this shape (labelled [`SHAPE_LABEL`]), Ready, with no taint but kwok's and
+    /// the shape's own (added once it is Ready: nothing else may be scheduled meanwhile).
     pub async fn add_node(&self, node: &str) -> Result<()> {
         k8s::create_kwok_node(&self.client, node, "zone-nm").await?;
         let patch = json!({"metadata": {"labels": {SHAPE_LABEL: self.name}}});

@@ -283,12 +283,14 @@ async fn handle(
         }
         (delay, denial)
     };
-    if let Some(d) = delay {
-        tokio::time::sleep(d).await;
-    }
     seen.allowed = denial.is_none();
+    // Recorded on arrival: the API server gives up on a delayed answer and drops the
+    // connection, and this future with it.
     if !probe {
         state.lock().expect("webhook lock").seen.push(seen);
+    }
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
     }
     let mut response = json!({"uid": r["uid"], "allowed": denial.is_none()});
     if let Some(message) = denial {

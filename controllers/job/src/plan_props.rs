@@ -100,13 +100,13 @@ fn pod_in() -> impl Strategy<Value = PodIn> {
         )),
         instant(),
         count32(),
-        prop::collection::vec(
-            (
-                prop::sample::select(vec!["DisruptionTarget", "ConfigIssue"]),
-                prop::sample::select(vec!["True", "False", "Unknown"]),
-            ),
+        // At most one condition of each type, as the API server keeps them.
+        prop::collection::btree_map(
+            prop::sample::select(vec!["DisruptionTarget", "ConfigIssue"]),
+            prop::sample::select(vec!["True", "False", "Unknown"]),
             0..3,
-        ),
+        )
+        .prop_map(|m| m.into_iter().collect::<Vec<_>>()),
     )
         .prop_map(
             |(phase, finalizer, ready, index, exit, deleting, created, restarts, conditions)| {

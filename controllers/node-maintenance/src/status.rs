@@ -3,7 +3,9 @@
 //! `EvictionBlocked` summary; and the merge patch from the stored status to it.
 
 use crate::evict::severity;
-use crate::types::{Progress, Skipped, Stage, StageStatus, TargetState, TargetedPod};
+use crate::types::{
+    NodeMaintenanceStatus, Progress, Skipped, Stage, StageStatus, TargetState, TargetedPod,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value};
@@ -174,6 +176,29 @@ pub fn eviction_blocked(entries: &[Entry]) -> Option<(String, String)> {
     Some((reason, parts.join("; ")))
 }
 
+/// Whether `new` must be written at once rather than within the second: the phase changed, a
+/// target is listed that `old` did not list (no request goes to it before that is written), or
+/// a target's eviction (or deletion) was accepted since `old`. Until such a change is written
+/// only this leader knows it; a successor would find the pod gone with no record of it or of
+/// why, and could not count it, so the record goes out at once.
+pub fn write_now(old: &NodeMaintenanceStatus, new: &NodeMaintenanceStatus) -> bool {
+    if old.phase != new.phase {
+        return true;
+    }
+    fn key(p: &TargetedPod) -> (&str, &str, Option<&str>) {
+        (p.namespace.as_str(), p.name.as_str(), p.uid.as_deref())
+    }
+    let listed: std::collections::HashMap<_, bool> = old
+        .targeted_pods
+        .iter()
+        .map(|p| (key(p), p.method.is_some()))
+        .collect();
+    new.targeted_pods.iter().any(|p| match listed.get(&key(p)) {
+        None => true,
+        Some(recorded) => p.method.is_some() && !recorded,
+    })
+}
+
 /// RFC 7386: the merge patch that turns `old` into `new` (lists replace, removed keys null).
 pub fn merge_patch(old: &Value, new: &Value) -> Value {
     match (old, new) {
@@ -252,6 +277,76 @@ mod tests {
         assert_eq!(cs[0].last_transition_time, Time(t(9)));
         assert_eq!(cs.len(), 1);
         assert!(is_true(&cs, "Drained"));
+    }
+
+    #[test]
+    fn write_now_on_a_phase_change_or_a_newly_accepted_eviction() {
+        use crate::types::Phase;
+        let status = |phase, pods: Vec<Entry>| NodeMaintenanceStatus {
+            phase: Some(phase),
+            targeted_pods: pods.into_iter().map(|e| e.pod).collect(),
+            ..Default::default()
+        };
+        let pending = || entry("a", 0, TargetState::Pending, None);
+        let blocked = || entry("a", 0, TargetState::Blocked, Some(REASON_PDB));
+        let terminating = || entry("a", 0, TargetState::Terminating, None);
+        let gone = || entry("a", 0, TargetState::Gone, None);
+        let other = || entry("b", 0, TargetState::Terminating, None);
+        let mut replaced = terminating();
+        replaced.pod.uid = Some("uid-a2".into());
+        let d = Phase::Draining;
+        let cases = [
+            // Progress alone (a refusal, a retry) waits for the second.
+            (
+                status(d, vec![pending()]),
+                status(d, vec![blocked()]),
+                false,
+            ),
+            (
+                status(d, vec![blocked()]),
+                status(d, vec![pending()]),
+                false,
+            ),
+            // A target found: listed at once, before any request for it.
+            (status(d, vec![]), status(d, vec![pending()]), true),
+            (
+                status(d, vec![pending()]),
+                status(d, vec![pending(), other()]),
+                true,
+            ),
+            // Accepted: at once.
+            (
+                status(d, vec![pending()]),
+                status(d, vec![terminating()]),
+                true,
+            ),
+            (status(d, vec![blocked()]), status(d, vec![gone()]), true),
+            (
+                status(d, vec![terminating()]),
+                status(d, vec![terminating(), other()]),
+                true,
+            ),
+            // Already recorded: no hurry.
+            (
+                status(d, vec![terminating()]),
+                status(d, vec![gone()]),
+                false,
+            ),
+            // A new pod of the same name is another target.
+            (
+                status(d, vec![terminating()]),
+                status(d, vec![replaced]),
+                true,
+            ),
+            (
+                status(d, vec![gone()]),
+                status(Phase::Drained, vec![gone()]),
+                true,
+            ),
+        ];
+        for (i, (old, new, want)) in cases.iter().enumerate() {
+            assert_eq!(write_now(old, new), *want, "case {i}");
+        }
     }
 
     #[test]

@@ -609,10 +609,31 @@ impl NodeMaintenanceController {
             }
         }
         let targets = self.targets_of(&name);
+        // A gone pod's record is dropped after a while (tracker::KEEP_GONE); the status still
+        // says how it went, so the count of evicted targets does not fall.
+        let stored = nm
+            .status
+            .as_ref()
+            .map(|s| s.targeted_pods.as_slice())
+            .unwrap_or_default();
         for (uid, t) in &targets {
-            self.tracker
-                .ensure(uid, || PodRecord::new(&t.namespace, &t.name, &node_name));
+            let listed = stored
+                .iter()
+                .find(|p| p.uid.as_deref() == Some(uid.as_str()));
+            self.tracker.ensure(uid, || match listed {
+                Some(p) => record_from(p, &node_name),
+                None => PodRecord::new(&t.namespace, &t.name, &node_name),
+            });
         }
+        // Targets go into the status before the first request for them: a leader lost between
+        // an accepted eviction and the next status write would otherwise leave its successor
+        // no trace of a target whose pod is gone. Beyond the list's cap nothing can be listed.
+        let unlisted = stored.len() < status::MAX_TARGETED_PODS
+            && present.keys().any(|uid| {
+                !stored
+                    .iter()
+                    .any(|p| p.uid.as_deref() == Some(uid.as_str()))
+            });
         // NM-10: all or nothing.
         if !missing.is_empty() {
             result.consent = Some(classify::consent_message(&missing));
@@ -627,7 +648,9 @@ impl NodeMaintenanceController {
         );
         let past_deadline = deadline.is_some_and(|d| now >= d);
         let escalate = past_deadline && drain.timeout_policy == TimeoutPolicy::Delete;
-        if result.consent.is_none() {
+        if unlisted {
+            result.wake = Some(now);
+        } else if result.consent.is_none() {
             let message = self.targeted_message(&node_name);
             let eligible: Vec<(&String, &Arc<Pod>)> = targets
                 .iter()
@@ -720,25 +743,7 @@ impl NodeMaintenanceController {
                 created: p.first_attempt_time.as_ref().map(|t| t.0),
                 priority: None,
             });
-            self.tracker.ensure(&uid, || {
-                let mut r = PodRecord::new(&p.namespace, &p.name, node);
-                r.method = p.method;
-                r.attempts = p.attempts;
-                r.first_attempt = p.first_attempt_time.as_ref().map(|t| t.0);
-                r.last_attempt = p.last_attempt_time.as_ref().map(|t| t.0);
-                r.next_attempt = p.next_attempt_time.as_ref().map(|t| t.0);
-                if p.state == TargetState::Blocked {
-                    r.state = TargetState::Blocked;
-                    r.failures = 1;
-                    r.pdb = p.pod_disruption_budget.clone();
-                    r.message = p.message.clone();
-                    r.blocked_reason = p
-                        .blocked_reason
-                        .as_deref()
-                        .and_then(|b| evict::SEVERITY.iter().copied().find(|known| *known == b));
-                }
-                r
-            });
+            self.tracker.ensure(&uid, || record_from(p, node));
         }
     }
 
@@ -1565,8 +1570,9 @@ impl NodeMaintenanceController {
         }
     }
 
-    /// Writes the status when it changed: at once on a phase change, else at most once a second
-    /// (returns how long until the next write may go).
+    /// Writes the status when it changed: at once on a phase change or an accepted eviction
+    /// ([`status::write_now`]), else at most once a second (returns how long until the next
+    /// write may go).
     async fn write_status(
         &self,
         nm: &Arc<NodeMaintenance>,
@@ -1579,14 +1585,14 @@ impl NodeMaintenanceController {
             return Ok(RESYNC);
         }
         let name = nm.metadata.name.clone().unwrap_or_default();
-        let phase_changed = old.phase != st.phase;
+        let urgent = status::write_now(&old, &st);
         let since = self
             .memory()
             .get(&name)
             .and_then(|m| m.last_status_write)
             .map(|t| t.elapsed());
         if !force
-            && !phase_changed
+            && !urgent
             && let Some(since) = since.filter(|s| *s < STATUS_EVERY)
         {
             return Ok(STATUS_EVERY.saturating_sub(since));
@@ -1639,4 +1645,26 @@ fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// A target's record as the status left it: how it was last tried, and whether an eviction (or
+/// deletion) was accepted.
+fn record_from(p: &TargetedPod, node: &str) -> PodRecord {
+    let mut r = PodRecord::new(&p.namespace, &p.name, node);
+    r.method = p.method;
+    r.attempts = p.attempts;
+    r.first_attempt = p.first_attempt_time.as_ref().map(|t| t.0);
+    r.last_attempt = p.last_attempt_time.as_ref().map(|t| t.0);
+    r.next_attempt = p.next_attempt_time.as_ref().map(|t| t.0);
+    if p.state == TargetState::Blocked {
+        r.state = TargetState::Blocked;
+        r.failures = 1;
+        r.pdb = p.pod_disruption_budget.clone();
+        r.message = p.message.clone();
+        r.blocked_reason = p
+            .blocked_reason
+            .as_deref()
+            .and_then(|b| evict::SEVERITY.iter().copied().find(|known| *known == b));
+    }
+    r
 }

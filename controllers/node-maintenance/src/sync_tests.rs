@@ -346,9 +346,20 @@ async fn m1_happy_path_then_delete_releases() {
             .iter()
             .any(|t| t.key == TAINT_MAINTENANCE && t.effect == "NoSchedule")
     );
-    // NM-12: the condition patch precedes each eviction; the eviction carries the UID.
+    // NM-12: the condition patch precedes each eviction; the eviction carries the UID. Before
+    // either, the object's status lists the pod (a successor then knows the target whatever
+    // happens to the leader after the eviction is accepted).
     for p in ["web-1", "scratch"] {
         let calls = kit.api.calls();
+        let listed = calls.iter().position(|c| matches!(c, Call::Patch(t, _, body) if t.plural == "nodemaintenances" && t.subresource.as_deref() == Some("status") && body["status"]["targetedPods"].as_array().is_some_and(|l| l.iter().any(|e| e["name"] == p)))).unwrap();
+        let first_request = calls
+            .iter()
+            .position(|c| matches!(c, Call::Patch(t, _, _) if t.name == p) || is_eviction_of(c, p))
+            .unwrap();
+        assert!(
+            listed < first_request,
+            "{p}: listed at call {listed}, first request at {first_request}"
+        );
         let cond = calls.iter().position(|c| matches!(c, Call::Patch(t, _, body) if t.name == p && t.subresource.as_deref() == Some("status") && body["status"]["conditions"][0]["type"] == POD_CONDITION_TARGETED)).unwrap();
         let ev = calls.iter().position(|c| is_eviction_of(c, p)).unwrap();
         assert!(cond < ev);
