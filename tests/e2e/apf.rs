@@ -297,13 +297,7 @@ async fn misbehaving_webhook_jobs_complete_exactly() -> Result<()> {
         2,
     )
     .await?;
-    let by = |resource: &str, sub: &str, op: &str| Match {
-        resource: Some(resource.into()),
-        sub_resource: Some(sub.into()),
-        operation: Some(op.into()),
-        user: Some(USER.into()),
-        ..Default::default()
-    };
+    let by = |resource: &str, sub: &str, op: &str| Match::by(resource, sub, op, USER);
     hook.reject(
         by("pods", "", "CREATE"),
         8,

@@ -1270,13 +1270,7 @@ async fn webhook_faults_converge_exactly() -> Result<()> {
         2,
     )
     .await?;
-    let by = |resource: &str, sub: &str, op: &str| Match {
-        resource: Some(resource.into()),
-        sub_resource: Some(sub.into()),
-        operation: Some(op.into()),
-        user: Some(USER.into()),
-        ..Default::default()
-    };
+    let by = |resource: &str, sub: &str, op: &str| Match::by(resource, sub, op, USER);
     hook.reject(
         by("pods", "", "CREATE"),
         4,

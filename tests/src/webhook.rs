@@ -31,6 +31,20 @@ pub struct Match {
     pub user: Option<String>,
 }
 
+impl Match {
+    /// Requests of `user` (a substring of its name) on `resource`/`sub_resource` (`""` for the
+    /// main resource) with `operation`.
+    pub fn by(resource: &str, sub_resource: &str, operation: &str, user: &str) -> Match {
+        Match {
+            resource: Some(resource.into()),
+            sub_resource: Some(sub_resource.into()),
+            operation: Some(operation.into()),
+            user: Some(user.into()),
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Action {
     /// Deny the next `times` matching requests with `message`.

@@ -27,23 +27,7 @@ use tokio::time::Instant;
 const TIMEOUT: Duration = Duration::from_secs(1800);
 
 fn set(name: &str, replicas: usize, spec: Value) -> Result<StatefulSet> {
-    let mut v = json!({
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-                    "containers": [{"name": "c", "image": "nginx:1"}]
-                }
-            }
-        }
-    });
+    let mut v = crate::k8s::stateful_set(name, i32::try_from(replicas)?);
     if let (Some(s), Some(extra)) = (v["spec"].as_object_mut(), spec.as_object()) {
         s.extend(extra.clone());
     }
