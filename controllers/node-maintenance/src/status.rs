@@ -105,8 +105,33 @@ fn order(entries: &mut [Entry]) {
     });
 }
 
-/// `targetedPods` and whether it was truncated.
-pub fn targeted_pods(mut entries: Vec<Entry>) -> (Vec<TargetedPod>, bool) {
+/// Whether `a` is listed rather than `b`, a target of the same name: the pod still there, else
+/// the newer.
+fn listed_over(a: &Entry, b: &Entry) -> bool {
+    let present = |e: &Entry| e.pod.state != TargetState::Gone;
+    (present(a), a.created) > (present(b), b.created)
+}
+
+/// `targetedPods` and whether it was truncated. The API keys the list by namespace and name (a
+/// duplicate fails every status write), so a pod replaced on the node by another of the same
+/// name is listed once, as the one still there; progress counts both.
+pub fn targeted_pods(entries: Vec<Entry>) -> (Vec<TargetedPod>, bool) {
+    let mut by_name: std::collections::HashMap<(String, String), Entry> =
+        std::collections::HashMap::new();
+    for e in entries {
+        let key = (e.pod.namespace.clone(), e.pod.name.clone());
+        match by_name.entry(key) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(e);
+            }
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                if listed_over(&e, o.get()) {
+                    o.insert(e);
+                }
+            }
+        }
+    }
+    let mut entries: Vec<Entry> = by_name.into_values().collect();
     order(&mut entries);
     let truncated = entries.len() > MAX_TARGETED_PODS;
     entries.truncate(MAX_TARGETED_PODS);
@@ -347,6 +372,29 @@ mod tests {
         for (i, (old, new, want)) in cases.iter().enumerate() {
             assert_eq!(write_now(old, new), *want, "case {i}");
         }
+    }
+
+    #[test]
+    fn a_pod_replaced_under_its_name_is_listed_once_as_the_one_there() {
+        let mut old = entry("db-0", 0, TargetState::Gone, None);
+        old.pod.uid = Some("uid-old".into());
+        let new = entry("db-0", 5, TargetState::Pending, None);
+        for list in [
+            vec![old.clone(), new.clone()],
+            vec![new.clone(), old.clone()],
+        ] {
+            let (pods, truncated) = targeted_pods(list.clone());
+            assert_eq!(pods.len(), 1);
+            assert_eq!(pods[0].uid.as_deref(), Some("uid-db-0"));
+            assert!(!truncated);
+            let p = progress(&list, Skipped::default(), truncated);
+            assert_eq!((p.targeted, p.evicted, p.pending), (2, 1, 1));
+        }
+        // Both gone: the newer.
+        let mut newer_gone = new.clone();
+        newer_gone.pod.state = TargetState::Gone;
+        let (pods, _) = targeted_pods(vec![newer_gone, old]);
+        assert_eq!(pods[0].uid.as_deref(), Some("uid-db-0"));
     }
 
     #[test]

@@ -466,6 +466,16 @@ impl NodeMaintenanceController {
             }
             st.phase = Some(Phase::Cordoned);
         }
+        if let Some(e) = self
+            .memory()
+            .get(nm.metadata.name.as_deref().unwrap_or_default())
+            .and_then(|m| m.last_error.clone())
+        {
+            st.last_error = Some(e);
+        }
+        let mut next = self.write_status(nm, st, false).await?;
+        // After the status: a node patch that keeps failing must not keep the drain's targets
+        // unlisted, and so unevicted.
         if self.node_conditions {
             // One view of the node for every object on it, so overlapping objects agree.
             let me = nm.metadata.uid.clone();
@@ -492,14 +502,6 @@ impl NodeMaintenanceController {
                     .map_err(doing::<Error>("patching the node's maintenance conditions"))?;
             }
         }
-        if let Some(e) = self
-            .memory()
-            .get(nm.metadata.name.as_deref().unwrap_or_default())
-            .and_then(|m| m.last_error.clone())
-        {
-            st.last_error = Some(e);
-        }
-        let mut next = self.write_status(nm, st, false).await?;
         if let Some(w) = wake {
             let d = to_std(w.duration_since(self.clock.now())).max(Duration::from_millis(100));
             next = next.min(d);
@@ -616,24 +618,21 @@ impl NodeMaintenanceController {
             .as_ref()
             .map(|s| s.targeted_pods.as_slice())
             .unwrap_or_default();
+        let stored: HashMap<&str, &TargetedPod> = stored
+            .iter()
+            .filter_map(|p| Some((p.uid.as_deref()?, p)))
+            .collect();
         for (uid, t) in &targets {
-            let listed = stored
-                .iter()
-                .find(|p| p.uid.as_deref() == Some(uid.as_str()));
-            self.tracker.ensure(uid, || match listed {
-                Some(p) => record_from(p, &node_name),
-                None => PodRecord::new(&t.namespace, &t.name, &node_name),
-            });
+            if present.contains_key(uid) {
+                self.tracker
+                    .ensure(uid, || PodRecord::new(&t.namespace, &t.name, &node_name));
+            }
         }
         // Targets go into the status before the first request for them: a leader lost between
         // an accepted eviction and the next status write would otherwise leave its successor
         // no trace of a target whose pod is gone. Beyond the list's cap nothing can be listed.
         let unlisted = stored.len() < status::MAX_TARGETED_PODS
-            && present.keys().any(|uid| {
-                !stored
-                    .iter()
-                    .any(|p| p.uid.as_deref() == Some(uid.as_str()))
-            });
+            && present.keys().any(|uid| !stored.contains_key(uid.as_str()));
         // NM-10: all or nothing.
         if !missing.is_empty() {
             result.consent = Some(classify::consent_message(&missing));
@@ -675,7 +674,10 @@ impl NodeMaintenanceController {
         }
         // The view of every target.
         for (uid, t) in &targets {
-            let rec = self.tracker.get(uid);
+            let rec = self
+                .tracker
+                .get(uid)
+                .or_else(|| stored.get(uid.as_str()).map(|p| record_from(p, &node_name)));
             let pod = present.get(uid);
             let state = match (pod, &rec) {
                 (None, _) => TargetState::Gone,
@@ -1581,7 +1583,13 @@ impl NodeMaintenanceController {
     ) -> Result<Duration, Error> {
         st.observed_generation = nm.metadata.generation;
         let old = nm.status.clone().unwrap_or_default();
-        if old == st {
+        let patch = status::merge_patch(
+            &serde_json::to_value(&old).unwrap_or_default(),
+            &serde_json::to_value(&st).unwrap_or_default(),
+        );
+        // Compared as written: times are whole seconds on the wire and the tracker's are not, so
+        // comparing the structs would find a change every sync once a target was tried.
+        if patch.as_object().is_some_and(|o| o.is_empty()) {
             return Ok(RESYNC);
         }
         let name = nm.metadata.name.clone().unwrap_or_default();
@@ -1597,10 +1605,6 @@ impl NodeMaintenanceController {
         {
             return Ok(STATUS_EVERY.saturating_sub(since));
         }
-        let patch = status::merge_patch(
-            &serde_json::to_value(&old).unwrap_or_default(),
-            &serde_json::to_value(&st).unwrap_or_default(),
-        );
         match act::patch_status(&self.writer, &name, patch).await {
             Ok(after) => {
                 self.own_objects.record(nm, after);

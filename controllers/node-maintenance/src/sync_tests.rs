@@ -1516,3 +1516,45 @@ async fn nm_18_refused_deletion_falls_back_to_wait() {
             .is_some_and(|e| e.contains("deleting pod shop/db-0"))
     );
 }
+
+/// §4.9: the status is written when it changes. While a blocked target waits out its backoff
+/// nothing changes, so nothing is written (the tracker keeps sub-second times the wire does not,
+/// which once made every sync after an attempt look like a change: a write a second).
+#[tokio::test(start_paused = true)]
+async fn an_unchanged_status_is_not_rewritten() {
+    let kit = kit();
+    let _running = start(&kit);
+    kit.seed([node("w1", None)]);
+    kit.seed([pdb("db-pdb", "db", 1, 1, 1, 0, 1)]);
+    kit.seed([pod("db-0", "w1")]);
+    kit.api
+        .fail_when(|c| is_eviction_of(c, "db-0").then(|| pdb_429("db-pdb", 1)));
+    // Off the whole second, as a real clock is: the attempt times then have a fraction.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    kit.seed([nm("m", "w1", Stage::Drain, DrainSpec::default())]);
+    // Tried at once and again 5 s later; the next try is 10 s after that.
+    assert!(eventually(Duration::from_secs(10), || evictions(&kit, "db-0") == 2).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = || {
+        kit.api
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Patch(t, _, _) if t.plural == "nodemaintenances" && t.name == "m" && t.subresource.as_deref() == Some("status")))
+            .count()
+    };
+    let before = writes();
+    // Other changes wake the sync meanwhile (here the pod's annotations, as a kubelet's status
+    // updates would): nothing the status shows changed.
+    for i in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut p = kit.api.object::<Pod>(NS, "db-0").unwrap();
+        p.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert("touched".into(), i.to_string());
+        kit.apply(p);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(evictions(&kit, "db-0"), 2, "tried again within the backoff");
+    assert_eq!(writes(), before, "status rewritten with nothing changed");
+}
