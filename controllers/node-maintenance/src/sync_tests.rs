@@ -277,6 +277,15 @@ fn is_eviction_of(c: &Call, pod: &str) -> bool {
     matches!(c, Call::Create(t, _) if t.subresource.as_deref() == Some("eviction") && t.name == pod)
 }
 
+/// Node w1 with pod db-0 behind PDB db-pdb, which refuses every eviction (429).
+fn seed_db_behind_a_closed_budget(kit: &Kit) {
+    kit.seed([node("w1", None)]);
+    kit.seed([pdb("db-pdb", "db", 1, 1, 1, 0, 1)]);
+    kit.seed([pod("db-0", "w1")]);
+    kit.api
+        .fail_when(|c| is_eviction_of(c, "db-0").then(|| pdb_429("db-pdb", 1)));
+}
+
 /// Deletes an object the way the API server does with a finalizer: a deletionTimestamp.
 fn mark_deleted(kit: &Kit, name: &str) {
     let mut o = stored(kit, name);
@@ -553,11 +562,7 @@ async fn m2_deadlock_is_named_backs_off_and_resumes_on_budget_change() {
 async fn m3_delete_escalation_past_the_deadline() {
     let kit = kit();
     let _running = start(&kit);
-    kit.seed([node("w1", None)]);
-    kit.seed([pdb("db-pdb", "db", 1, 1, 1, 0, 1)]);
-    kit.seed([pod("db-0", "w1")]);
-    kit.api
-        .fail_when(|c| is_eviction_of(c, "db-0").then(|| pdb_429("db-pdb", 1)));
+    seed_db_behind_a_closed_budget(&kit);
     let drain = DrainSpec {
         timeout_seconds: Some(30),
         timeout_policy: TimeoutPolicy::Delete,
@@ -1478,11 +1483,7 @@ async fn a_new_leader_resumes_from_the_status() {
 async fn nm_18_refused_deletion_falls_back_to_wait() {
     let kit = kit();
     let _running = start(&kit);
-    kit.seed([node("w1", None)]);
-    kit.seed([pdb("db-pdb", "db", 1, 1, 1, 0, 1)]);
-    kit.seed([pod("db-0", "w1")]);
-    kit.api
-        .fail_when(|c| is_eviction_of(c, "db-0").then(|| pdb_429("db-pdb", 1)));
+    seed_db_behind_a_closed_budget(&kit);
     kit.api.fail("delete", "pods", 100, 403, "Forbidden");
     let drain = DrainSpec {
         timeout_seconds: Some(30),
@@ -1524,11 +1525,7 @@ async fn nm_18_refused_deletion_falls_back_to_wait() {
 async fn an_unchanged_status_is_not_rewritten() {
     let kit = kit();
     let _running = start(&kit);
-    kit.seed([node("w1", None)]);
-    kit.seed([pdb("db-pdb", "db", 1, 1, 1, 0, 1)]);
-    kit.seed([pod("db-0", "w1")]);
-    kit.api
-        .fail_when(|c| is_eviction_of(c, "db-0").then(|| pdb_429("db-pdb", 1)));
+    seed_db_behind_a_closed_budget(&kit);
     // Off the whole second, as a real clock is: the attempt times then have a fraction.
     tokio::time::sleep(Duration::from_millis(250)).await;
     kit.seed([nm("m", "w1", Stage::Drain, DrainSpec::default())]);
