@@ -1006,6 +1006,12 @@ mod maintenance {
     /// that Job's counts).
     const SHAPE_TAINT: &str = "pilothouse.test/nm-chaos";
     const BATCH: usize = 3;
+    /// The disruption controller's `DeletionTimeout`: how long a budget counts a pod an eviction
+    /// was accepted for as disrupted while the pod is not deleted.
+    const PDB_DELETION_TIMEOUT: Duration = Duration::from_secs(120);
+    /// How soon after the budget allows disruptions the drain must be done, unless an eviction
+    /// was interrupted (measured: 2-9 s).
+    const DRAIN_AFTER_RELAX: Duration = Duration::from_secs(30);
     /// A node's (unschedulable, maintenance taint, recorded-unschedulable annotation).
     type Cordon = (bool, bool, Option<String>);
 
@@ -1176,6 +1182,14 @@ mod maintenance {
 
         /// Waits for `Drained`, keeps the object and the node as they were then, and ends the
         /// maintenance (deletes the object: the finalizer restores the node).
+        ///
+        /// The wait covers one upstream consequence of the kill: an eviction whose client dies
+        /// while the API server retries its budget update (500 ms a try, on conflicts with the
+        /// other evictions) still decrements the budget, with the request's context gone, but
+        /// then fails to delete the pod. The budget counts that pod as disrupted, and so refuses
+        /// every eviction, until the disruption controller drops the entry after its
+        /// `DeletionTimeout` (2 minutes). `check` allows that long only when the audit log shows
+        /// such an interrupted eviction.
         pub async fn end(&mut self) -> Result<()> {
             let done = self
                 .nms
@@ -1184,7 +1198,7 @@ mod maintenance {
                     api::CONDITION_DRAINED,
                     "True",
                     "DrainComplete",
-                    Duration::from_secs(120),
+                    PDB_DELETION_TIMEOUT + Duration::from_secs(60),
                 )
                 .await?;
             let w1 = self.shape.w(1).to_string();
@@ -1242,21 +1256,25 @@ mod maintenance {
                 e.stage == "ResponseComplete" && e.user_agent.contains(nm::NMC_AGENT)
             };
             let mut evicted: BTreeMap<String, Vec<Timestamp>> = BTreeMap::new();
+            // Evictions the API server could not finish (its 504 when the client left while it
+            // retried the budget's update): see `end`.
+            let mut interrupted: Vec<String> = Vec::new();
             for e in events.iter().filter(nmc) {
                 let Some(o) = e.object_ref.as_ref() else {
                     continue;
                 };
                 let code = e.response_status.as_ref().and_then(|s| s.code);
+                if e.verb != "create" || o.resource != "pods" || o.subresource != "eviction" {
+                    continue;
+                }
+                let pod = format!("{}/{}", o.namespace, o.name);
                 // Every namespace: no pod but the targets may be evicted.
-                if e.verb == "create"
-                    && o.resource == "pods"
-                    && o.subresource == "eviction"
-                    && code.is_some_and(|c| (200..300).contains(&c))
-                {
-                    evicted
-                        .entry(format!("{}/{}", o.namespace, o.name))
-                        .or_default()
-                        .extend(e.received());
+                match code {
+                    Some(c) if (200..300).contains(&c) => {
+                        evicted.entry(pod).or_default().extend(e.received());
+                    }
+                    Some(c) if c >= 500 => interrupted.push(pod),
+                    _ => {}
                 }
             }
             let want: BTreeSet<String> = self
@@ -1316,6 +1334,13 @@ mod maintenance {
                 drained_at >= relaxed && last_eviction.is_some_and(|e| drained_at >= e),
                 "Drained at {drained_at}, before batch's PDB was relaxed ({relaxed}) or before the last eviction ({last_eviction:?})"
             );
+            let took = relaxed.duration_until(drained_at).unsigned_abs();
+            ensure!(
+                took <= DRAIN_AFTER_RELAX || !interrupted.is_empty(),
+                "Drained {:.1}s after batch's PDB allowed evictions (at most {}s without an interrupted eviction, and the audit log shows none)",
+                took.as_secs_f64(),
+                DRAIN_AFTER_RELAX.as_secs()
+            );
             ensure!(
                 cordoned == (true, true, Some("false".into())),
                 "{} when Drained: (unschedulable, maintenance taint, annotation) = {cordoned:?}",
@@ -1338,9 +1363,10 @@ mod maintenance {
                 "the controller wrote the undrained nodes: {others:?}"
             );
             println!(
-                "MEASURE chaos: {} drained through the faults: {n} pods evicted once each ({m} of them without a status record of it, their leader lost before writing it), Drained {:.1}s after batch's PDB allowed evictions, the node cordoned while drained and restored when the object was deleted",
+                "MEASURE chaos: {} drained through the faults: {n} pods evicted once each ({m} of them without a status record of it, their leader lost before writing it), Drained {:.1}s after batch's PDB allowed evictions ({} eviction(s) interrupted by the kill: {interrupted:?}), the node cordoned while drained and restored when the object was deleted",
                 self.shape.w(1),
-                relaxed.duration_until(drained_at).as_secs_f64()
+                took.as_secs_f64(),
+                interrupted.len()
             );
             self.shape.cleanup(cluster()).await
         }
