@@ -1355,8 +1355,7 @@ mod maintenance {
                         e.reason.as_deref() == Some("NotDeleted")
                             && e.involved_object.kind.as_deref() == Some("Pod")
                             && interrupted.iter().any(|(pod, _)| {
-                                e.involved_object.name.as_deref()
-                                    == pod.rsplit('/').next()
+                                e.involved_object.name.as_deref() == pod.rsplit('/').next()
                             })
                     })
                     .filter_map(|e| {
