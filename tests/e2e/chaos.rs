@@ -19,7 +19,7 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Endpoints, Event, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -1345,27 +1345,20 @@ mod maintenance {
                 .filter(|(pod, at)| want.contains(pod) && *at >= relaxed && *at <= drained_at)
                 .collect();
             let expired = if took > DRAIN_AFTER_RELAX {
-                let events = Api::<Event>::namespaced(self.shape.client.clone(), &self.shape.ns)
-                    .list(&ListParams::default())
-                    .await?;
-                let expired = events
-                    .items
-                    .iter()
-                    .filter(|e| {
-                        e.reason.as_deref() == Some("NotDeleted")
-                            && e.involved_object.kind.as_deref() == Some("Pod")
-                            && interrupted.iter().any(|(pod, _)| {
-                                e.involved_object.name.as_deref() == pod.rsplit('/').next()
-                            })
-                    })
-                    .filter_map(|e| {
-                        e.last_timestamp
-                            .as_ref()
-                            .or(e.first_timestamp.as_ref())
+                let mut expired = None;
+                for (pod, _) in &interrupted {
+                    let name = pod.rsplit('/').next().unwrap_or(pod);
+                    for e in
+                        k8s::events(&self.shape.client, &self.shape.ns, name, "NotDeleted").await?
+                    {
+                        let at = e
+                            .deprecated_last_timestamp
+                            .or(e.deprecated_first_timestamp)
                             .map(|t| t.0)
-                            .or_else(|| e.event_time.as_ref().map(|t| t.0))
-                    })
-                    .max();
+                            .or(e.event_time.map(|t| t.0));
+                        expired = expired.max(at);
+                    }
+                }
                 ensure!(
                     expired.is_some_and(|at| {
                         at >= relaxed
