@@ -20,6 +20,8 @@ use std::time::Duration;
 
 const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
 const SA: &str = "system:serviceaccount:kube-system:pilothouse";
+/// kube-controller-manager runs with `--use-service-account-credentials`.
+const KCM_ENDPOINTS: &str = "system:serviceaccount:kube-system:endpoint-controller";
 
 struct Ns {
     client: Client,
@@ -163,6 +165,23 @@ impl Ns {
             }
         }
         Ok(out)
+    }
+
+    /// The answers to kube-controller-manager's Endpoints controller's deletes of `name` in
+    /// this namespace, oldest first.
+    fn kcm_endpoints_deletes(&self, name: &str) -> Result<Vec<u16>> {
+        Ok(audit::read(&cluster().audit_log())?
+            .into_iter()
+            .filter(|e| {
+                e.stage == "ResponseComplete"
+                    && e.verb == "delete"
+                    && e.user.username == KCM_ENDPOINTS
+                    && e.object_ref.as_ref().is_some_and(|o| {
+                        o.resource == "endpoints" && o.namespace == self.ns && o.name == name
+                    })
+            })
+            .filter_map(|e| e.response_status.and_then(|r| r.code))
+            .collect())
     }
 
     async fn events(&self, name: &str, reason: &str) -> Result<Vec<String>> {
@@ -1179,6 +1198,21 @@ async fn e12_mirroring_switches() -> Result<()> {
         || async { Ok(eps.get_opt("sw").await?.is_none().then_some(())) },
     )
     .await?;
+    // Its Endpoints delete event queues the name once more, and that sync deletes the
+    // Endpoints again, unconditionally, if its Service lister has no Service by then
+    // (endpoints_controller.go: onEndpointsDelete, syncService). Recreating before that sync
+    // ran lets it delete the new Endpoints, so wait for its answer (404) in the audit log.
+    let kcm_deletes = wait::until(
+        "kube-controller-manager's second Endpoints delete (404)",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let codes = n.kcm_endpoints_deletes("sw")?;
+            Ok(codes.contains(&404).then_some(codes))
+        },
+    )
+    .await?;
+    println!("MEASURE e12 kube-controller-manager's Endpoints deletes answered {kcm_deletes:?}");
     n.create_service(&selectorless("sw")?).await?;
     eps.create(&PostParams::default(), &ep).await?;
     n.wait_mirrored("Service back: restored", "sw", |s| s.len() == 1)
