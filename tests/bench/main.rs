@@ -8,11 +8,11 @@
 //! Without `--qps`/`--burst` every workload runs at upstream's defaults (20/30) and `job-burst`
 //! and `cronjob-minutely` also at 200/400. Without `--pairs`: 1 pair for `cronjob-minutely`,
 //! `node-outage`, `idle-scale`, `sts-rollout`, `sts-scale` and the EndpointSlice workloads
-//! (`es-rollout`, `es-restart`, `es-flap`, `es-flap-1s`, `es-flap-adaptive`,
+//! (`es-rollout`, `es-rollout-adaptive`, `es-restart`, `es-flap`, `es-flap-1s`, `es-flap-adaptive`,
 //! `es-flap-adaptive-vs-0s`) and `node-drain` (NodeMaintenance against `kubectl drain`; each run is minutes of real clock, most of it waiting for schedules,
 //! grace periods, a fixed window or a 20-qps client), 3 for `job-burst` and `job-failures`. At
 //! 20/30 the Job, CronJob and StatefulSet workloads run both sides of a pair at once
-//! (`bench::side_by_side`). The es-flap variants differ only in the batch period each side gets
+//! (`bench::side_by_side`). The es-flap and es-rollout variants differ only in the batch period each side gets
 //! (`bench::extra_args`, named in each table).
 
 use anyhow::{Context, Result, bail};

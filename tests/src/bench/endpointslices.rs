@@ -278,7 +278,12 @@ fn latency_rows(extra: &mut BTreeMap<String, f64>, name: &str, v: &[f64]) {
 }
 
 /// `es-rollout` (EX1).
-pub(super) async fn rollout(client: &Client, ns: &str, scale: f64) -> Result<Outcome> {
+pub(super) async fn rollout(
+    client: &Client,
+    ns: &str,
+    scale: f64,
+    metrics_url: &str,
+) -> Result<Outcome> {
     let n = scaled(5000, scale);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
@@ -325,12 +330,21 @@ pub(super) async fn rollout(client: &Client, ns: &str, scale: f64) -> Result<Out
     let rolled_out = seconds(rollout_start.elapsed());
     let converge_seconds = seconds(start.elapsed());
     drop(watches);
+    // How many syncs the writes came from: at batch period 0 a sync writes what changed since
+    // the last, so fewer, longer syncs coalesce more changes into each write.
+    let synced = syncs_by_result(metrics_url).await;
 
     let mut extra = BTreeMap::from([
         ("created and shown ready (s)".to_string(), created),
         ("rolled out and shown (s)".to_string(), rolled_out),
         ("slices once created".to_string(), slices_created as f64),
     ]);
+    for result in ["success", "stale", "error"] {
+        let n = synced
+            .as_ref()
+            .map_or(f64::NAN, |by| by.get(result).copied().unwrap_or(0.0));
+        extra.insert(format!("syncs: {result}"), n);
+    }
     {
         let v = view.lock().unwrap();
         extra.insert("slices at rest".to_string(), v.slices.len() as f64);
@@ -699,13 +713,19 @@ fn synced_in_log(side: Side, text: &str) -> bool {
 /// `endpoint_slice_controller_syncs` (both sides; Pilothouse served it as `..._total` before
 /// 92261b4, which older binaries still do) summed over results, or `None` if /metrics could not be read or has no such series.
 async fn syncs(url: &str) -> Option<f64> {
+    syncs_by_result(url).await.map(|by| by.values().sum())
+}
+
+/// `endpoint_slice_controller_syncs` by its `result` label (success, stale, error), or `None`
+/// if /metrics could not be read or has no such series.
+async fn syncs_by_result(url: &str) -> Option<BTreeMap<String, f64>> {
     let out = tokio::process::Command::new("curl")
         .args(["-sk", "--max-time", "5", url])
         .output()
         .await
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut total = None;
+    let mut by = BTreeMap::new();
     for l in text.lines() {
         let Some(rest) = l.strip_prefix("endpoint_slice_controller_syncs") else {
             continue;
@@ -713,10 +733,14 @@ async fn syncs(url: &str) -> Option<f64> {
         let rest = rest.strip_prefix("_total").unwrap_or(rest);
         if rest.starts_with('{') || rest.starts_with(' ') {
             let v = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok())?;
-            *total.get_or_insert(0.0) += v;
+            let result = rest
+                .split_once("result=\"")
+                .and_then(|(_, r)| r.split_once('"'))
+                .map_or("", |(r, _)| r);
+            *by.entry(result.to_string()).or_insert(0.0) += v;
         }
     }
-    total
+    (!by.is_empty()).then_some(by)
 }
 
 /// One side's restart: wait for its caches, then the window. /metrics is read every 500 ms only

@@ -58,6 +58,7 @@ pub const WORKLOADS: &[&str] = &[
     "sts-rollout",
     "sts-scale",
     "es-rollout",
+    "es-rollout-adaptive",
     "es-restart",
     "es-flap",
     "es-flap-1s",
@@ -103,12 +104,15 @@ pub fn extra_args(workload: &str, side: Side) -> Vec<String> {
             vec![format!("{PERIOD}=adaptive")]
         }
         ("es-flap-adaptive-vs-0s", Side::Upstream) => vec![format!("{PERIOD}=0s")],
+        // Each side's default: upstream 0 s against Pilothouse's adaptive.
+        ("es-rollout-adaptive", Side::Pilothouse) => vec![format!("{PERIOD}=adaptive")],
         // Equal settings: upstream's default 0 s on both sides (Pilothouse's own default,
         // adaptive, is measured by the variants above).
         ("es-flap" | "es-rollout" | "es-restart", Side::Pilothouse) => vec![format!("{PERIOD}=0s")],
         // Readable /metrics on kube-controller-manager's secure port without credentials (a
-        // serving option only), to see when its first pass over the Services ends.
-        ("es-restart", Side::Upstream) => {
+        // serving option only), to see when its first pass over the Services ends and how many
+        // syncs a rollout took.
+        ("es-restart" | "es-rollout" | "es-rollout-adaptive", Side::Upstream) => {
             vec!["--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".into()]
         }
         _ => vec![],
@@ -492,7 +496,9 @@ pub async fn run_once(
         "node-outage" => nodes::node_outage(&client, NS, w.scale).await?,
         "sts-rollout" => statefulsets::rollout(&client, NS, w.scale).await?,
         "sts-scale" => statefulsets::scale_up_and_down(&client, NS, w.scale).await?,
-        "es-rollout" => endpointslices::rollout(&client, NS, w.scale).await?,
+        "es-rollout" | "es-rollout-adaptive" => {
+            endpointslices::rollout(&client, NS, w.scale, &under.metrics_url).await?
+        }
         name if name.starts_with("es-flap") => {
             endpointslices::flap(&client, NS, w.scale, pid, log).await?
         }
