@@ -1190,7 +1190,8 @@ async fn e12_mirroring_switches() -> Result<()> {
     n.wait_mirrored("no Service: none", "sw", |s| s.is_empty())
         .await?;
     // KCM's Endpoints controller took the Endpoints over while the Service had a selector
-    // (labelling it skip-mirror) and deletes it with the Service: start from a fresh one.
+    // (labelling it `endpoints.kubernetes.io/managed-by`; mirroring stops for the selector) and
+    // deletes it with the Service: start from a fresh one.
     wait::until(
         "Endpoints gone",
         Duration::from_secs(30),
