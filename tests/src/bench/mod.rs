@@ -100,12 +100,12 @@ pub fn extra_args(workload: &str, side: Side) -> Vec<String> {
     const PERIOD: &str = "--endpointslice-updates-batch-period";
     match (workload, side) {
         ("es-flap-1s", _) | ("es-flap-adaptive", Side::Upstream) => vec![format!("{PERIOD}=1s")],
-        ("es-flap-adaptive" | "es-flap-adaptive-vs-0s", Side::Pilothouse) => {
-            vec![format!("{PERIOD}=adaptive")]
-        }
+        // es-rollout-adaptive: each side's default, upstream 0 s against Pilothouse's adaptive.
+        (
+            "es-flap-adaptive" | "es-flap-adaptive-vs-0s" | "es-rollout-adaptive",
+            Side::Pilothouse,
+        ) => vec![format!("{PERIOD}=adaptive")],
         ("es-flap-adaptive-vs-0s", Side::Upstream) => vec![format!("{PERIOD}=0s")],
-        // Each side's default: upstream 0 s against Pilothouse's adaptive.
-        ("es-rollout-adaptive", Side::Pilothouse) => vec![format!("{PERIOD}=adaptive")],
         // Equal settings: upstream's default 0 s on both sides (Pilothouse's own default,
         // adaptive, is measured by the variants above).
         ("es-flap" | "es-rollout" | "es-restart", Side::Pilothouse) => vec![format!("{PERIOD}=0s")],
