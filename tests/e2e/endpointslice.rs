@@ -320,7 +320,8 @@ async fn e2_placeholder() -> Result<()> {
 }
 
 /// E3: pods group by their resolved port set: A, B (`web`=8080), C (9090), D (none), E (only a
-/// sidecar has it) → {8080: A, B, E}, {9090: C}, {}: D; renaming D's port moves D only.
+/// sidecar has it) → {8080: A, B, E}, {9090: C}, {}: D; renaming D's port (a new pod D, ports
+/// being immutable) moves D only.
 async fn e3_port_sets() -> Result<()> {
     let n = ns("e3").await?;
     let mut svc = service("ps", json!({}))?;
@@ -363,10 +364,65 @@ async fn e3_port_sets() -> Result<()> {
         (Some(9090), vec!["c".into()]),
         (None, vec!["d".into()]),
     ]);
-    n.wait_slices("three port sets", "ps", Duration::from_secs(60), |s| {
-        by_port(s) == want
-    })
+    let before = n
+        .wait_slices("three port sets", "ps", Duration::from_secs(60), |s| {
+            by_port(s) == want
+        })
+        .await?;
+    // A pod's ports cannot change in place: D is replaced by a pod of the same name whose
+    // port is now `web`=8080. It joins A, B and E's slice, its old port set's slice goes, and
+    // C's slice is not written.
+    let slice_for = |s: &[EndpointSlice], port: i32| {
+        s.iter()
+            .find(|x| {
+                x.ports
+                    .as_deref()
+                    .unwrap_or_default()
+                    .first()
+                    .and_then(|p| p.port)
+                    == Some(port)
+            })
+            .map(|x| x.metadata.clone())
+    };
+    let (web_before, c_before) = (
+        slice_for(&before, 8080).context("8080 slice")?,
+        slice_for(&before, 9090).context("9090 slice")?,
+    );
+    n.pods
+        .delete("d", &DeleteParams::default().grace_period(0))
+        .await?;
+    wait::until(
+        "pod d gone",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || async { Ok(n.pods.get_opt("d").await?.is_none().then_some(())) },
+    )
     .await?;
+    n.create_pods("ps", ["d".into()], port(8080)).await?;
+    let want = BTreeMap::from([
+        (
+            Some(8080),
+            vec!["a".into(), "b".into(), "d".into(), "e".into()],
+        ),
+        (Some(9090), vec!["c".into()]),
+    ]);
+    let after = n
+        .wait_slices("D moved to 8080", "ps", Duration::from_secs(60), |s| {
+            by_port(s) == want
+        })
+        .await?;
+    let (web_after, c_after) = (
+        slice_for(&after, 8080).context("8080 slice")?,
+        slice_for(&after, 9090).context("9090 slice")?,
+    );
+    ensure!(
+        web_after.uid == web_before.uid,
+        "D's move replaced the 8080 slice instead of updating it"
+    );
+    ensure!(
+        c_after.uid == c_before.uid && c_after.resource_version == c_before.resource_version,
+        "D's move wrote C's slice: {c_before:?} -> {c_after:?}"
+    );
     Ok(())
 }
 
