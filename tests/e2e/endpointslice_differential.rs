@@ -1986,11 +1986,10 @@ async fn e8_churn(client: &Client, ns: &str) -> Result<()> {
     Ok(())
 }
 
-/// E10 (ES-17): batch period 1 s; 50 Ready pods of one Service (one slice) all turned unready
-/// by 50 concurrent annotations, then all turned Ready again: each flip costs the slice at
-/// most 2 updates. The kwok flip window (from the audit log) is printed: the claim presumes the
-/// flips land within the period.
-async fn e10_batching() -> Result<()> {
+/// The scenarios that need Pilothouse's flags away from their defaults, on one plane:
+/// E10 (`--endpointslice-updates-batch-period=1s`), then E13's other half
+/// (`--endpointslice-delete-on-selector-removal`, which E10's Services never meet).
+async fn e10_batching_e13_delete_flag() -> Result<()> {
     const NS: &str = "esdiff-e10";
     let started = std::time::Instant::now();
     let (cluster, client) = own_plane("esdiff-e10", NS).await?;
@@ -2001,20 +2000,76 @@ async fn e10_batching() -> Result<()> {
         &[
             "--controllers=endpointslice-controller".to_string(),
             "--endpointslice-updates-batch-period=1s".to_string(),
+            "--endpointslice-delete-on-selector-removal".to_string(),
         ],
     )?;
     ph.wait_log("starting controller", Duration::from_secs(60))
         .await?;
-    let result = e10_run(&cluster, &client, NS).await;
+    let mut result = e10_run(&cluster, &client, NS).await;
+    println!("E10: {:.0?}", started.elapsed());
+    if result.is_ok() {
+        result = e13_delete_flag(&client, NS).await;
+    }
     if result.is_err() {
         keep_log(&ph, "e10");
     }
     drop(ph);
     drop(cluster);
-    println!("E10: {:.0?}", started.elapsed());
+    println!("E10 and E13 (flag): {:.0?}", started.elapsed());
     result
 }
 
+/// E13 / B-10 with `--endpointslice-delete-on-selector-removal`: the slices of a Service that
+/// loses its selector are deleted, with no `StaleEndpointSlicesRetained` Warning (the default's
+/// keep-and-warn half is in the endpointslice suite).
+async fn e13_delete_flag(client: &Client, ns: &str) -> Result<()> {
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    services
+        .create(&PostParams::default(), &service("unselected", json!({}))?)
+        .await?;
+    create_pods(client, ns, "unselected", vec!["u-0".to_string()], json!({})).await?;
+    wait_slices(
+        client,
+        ns,
+        "unselected",
+        "1 ready",
+        Duration::from_secs(60),
+        |s| ready_count(s) == 1,
+    )
+    .await?;
+    services
+        .patch(
+            "unselected",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(
+                json!([{"op": "remove", "path": "/spec/selector"}]),
+            )?),
+        )
+        .await?;
+    wait_slices(
+        client,
+        ns,
+        "unselected",
+        "slices deleted after the selector went",
+        Duration::from_secs(30),
+        <[EndpointSlice]>::is_empty,
+    )
+    .await?;
+    let warned = events_about(client, ns, "Service", "unselected", |e| {
+        e.reason.clone().unwrap_or_default()
+    })
+    .await?;
+    ensure!(
+        !warned.contains("StaleEndpointSlicesRetained"),
+        "slices deleted, yet retained was reported: {warned:?}"
+    );
+    Ok(())
+}
+
+/// E10 (ES-17): batch period 1 s; 50 Ready pods of one Service (one slice) all turned unready
+/// by 50 concurrent annotations, then all turned Ready again: each flip costs the slice at
+/// most 2 updates. The kwok flip window (from the audit log) is printed: the claim presumes the
+/// flips land within the period.
 async fn e10_run(cluster: &Cluster, client: &Client, ns: &str) -> Result<()> {
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     services
@@ -2141,7 +2196,9 @@ fn main() {
     let trials = vec![
         trial("differential_endpointslices", || Box::pin(differential())),
         trial("e8_stale_cache", || Box::pin(e8_stale_cache())),
-        trial("e10_batching", || Box::pin(e10_batching())),
+        trial("e10_batching_e13_delete_flag", || {
+            Box::pin(e10_batching_e13_delete_flag())
+        }),
     ];
     libtest_mimic::run(&args, trials).exit()
 }
