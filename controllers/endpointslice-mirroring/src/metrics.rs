@@ -122,11 +122,8 @@ impl Metrics {
             "Number of EndpointSlice changes",
             m.changes.clone(),
         );
-        // Not registered: the family is process-wide and the endpointslice controller
-        // registers it already; a second registration prints the family twice once both count,
-        // which makes the whole exposition unscrapable. The runtime should own it (one
-        // registration, handed to every controller); until then this controller's skips are
-        // counted here and logged, not exported.
+        // Stale-cache skips are not registered here: the runtime owns that process-wide family
+        // (registered once) and `stale_skip` counts into it.
         m
     }
 
