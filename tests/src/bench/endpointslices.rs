@@ -333,6 +333,9 @@ pub(super) async fn rollout(
     // How many syncs the writes came from: at batch period 0 a sync writes what changed since
     // the last, so fewer, longer syncs coalesce more changes into each write.
     let synced = syncs_by_result(metrics_url).await;
+    // How long a sync takes (the work queue's processing time of a key, writes included), which
+    // sets how many changes the next one finds waiting.
+    let worked = work_duration(metrics_url, "endpoint_slice").await;
 
     let mut extra = BTreeMap::from([
         ("created and shown ready (s)".to_string(), created),
@@ -345,6 +348,12 @@ pub(super) async fn rollout(
             .map_or(f64::NAN, |by| by.get(result).copied().unwrap_or(0.0));
         extra.insert(format!("syncs: {result}"), n);
     }
+    let (sum, count) = worked.unwrap_or((f64::NAN, f64::NAN));
+    extra.insert("queue work, total (s)".to_string(), sum);
+    extra.insert(
+        "queue work per key processed, mean (ms)".to_string(),
+        sum / count * 1000.0,
+    );
     {
         let v = view.lock().unwrap();
         extra.insert("slices at rest".to_string(), v.slices.len() as f64);
@@ -741,6 +750,24 @@ async fn syncs_by_result(url: &str) -> Option<BTreeMap<String, f64>> {
         }
     }
     (!by.is_empty()).then_some(by)
+}
+
+/// `workqueue_work_duration_seconds` of the queue `name`: (sum, count), or `None` if /metrics
+/// could not be read or has no such series.
+async fn work_duration(url: &str, name: &str) -> Option<(f64, f64)> {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sk", "--max-time", "5", url])
+        .output()
+        .await
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let value = |suffix: &str| {
+        let series = format!("workqueue_work_duration_seconds_{suffix}{{name=\"{name}\"}}");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    Some((value("sum")?, value("count")?))
 }
 
 /// One side's restart: wait for its caches, then the window. /metrics is read every 500 ms only
