@@ -364,10 +364,19 @@ async fn e3_port_sets() -> Result<()> {
         (Some(9090), vec!["c".into()]),
         (None, vec!["d".into()]),
     ]);
+    // All ready too, so that no later readiness write moves C's resourceVersion.
     let before = n
-        .wait_slices("three port sets", "ps", Duration::from_secs(60), |s| {
-            by_port(s) == want
-        })
+        .wait_slices(
+            "three port sets, all ready",
+            "ps",
+            Duration::from_secs(60),
+            |s| {
+                by_port(s) == want
+                    && s.iter()
+                        .flat_map(endpoints)
+                        .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+            },
+        )
         .await?;
     // A pod's ports cannot change in place: D is replaced by a pod of the same name whose
     // port is now `web`=8080. It joins A, B and E's slice, its old port set's slice goes, and
@@ -428,7 +437,9 @@ async fn e3_port_sets() -> Result<()> {
 
 /// E4: conditions. A failing pod is ready=false/serving=false; a Ready pod deleting with a 60 s
 /// grace is ready=false, serving=true, terminating=true; publishNotReadyAddresses makes every
-/// endpoint ready; pods with hostname and subdomain = the Service carry the hostname.
+/// endpoint ready; pods with hostname and subdomain = the Service carry the hostname; a pod
+/// that ran to completion and a pod with no IP (never scheduled) are in no slice, even with
+/// publishNotReadyAddresses.
 async fn e4_conditions() -> Result<()> {
     let n = ns("e4").await?;
     n.create_service(&service("cond", json!({}))?).await?;
@@ -455,7 +466,45 @@ async fn e4_conditions() -> Result<()> {
         json!({"spec": {"terminationGracePeriodSeconds": 60}}),
     )
     .await?;
-    n.wait_ready("cond", 2).await?;
+    n.create_pods(
+        "cond",
+        ["done".into()],
+        json!({
+            "metadata": {"annotations": {"pilothouse.test/exit-code": "0"}},
+            "spec": {"restartPolicy": "Never"}
+        }),
+    )
+    .await?;
+    n.create_pods(
+        "cond",
+        ["unplaced".into()],
+        json!({"spec": {"nodeSelector": {"pilothouse.test/nowhere": "true"}}}),
+    )
+    .await?;
+    // `done` is Ready for a moment too: wait for the two that stay Ready, by name.
+    n.wait_slices(
+        "ok and leaving ready",
+        "cond",
+        Duration::from_secs(60),
+        |s| {
+            ["ok", "leaving"].iter().all(|name| {
+                s.iter().flat_map(endpoints).any(|e| {
+                    target(e) == *name && e.conditions.as_ref().and_then(|c| c.ready) == Some(true)
+                })
+            })
+        },
+    )
+    .await?;
+    wait::until(
+        "pod done Succeeded",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || async {
+            let p = n.pods.get("done").await?;
+            Ok((p.status.and_then(|s| s.phase).as_deref() == Some("Succeeded")).then_some(()))
+        },
+    )
+    .await?;
     n.pods.delete("leaving", &DeleteParams::default()).await?;
     let cond = |e: &k8s_openapi::api::discovery::v1::Endpoint| {
         let c = e.conditions.clone().unwrap_or_default();
@@ -469,7 +518,10 @@ async fn e4_conditions() -> Result<()> {
             |s| {
                 s.iter().flat_map(endpoints).any(|e| {
                     target(e) == "leaving" && cond(e) == (Some(false), Some(true), Some(true))
-                })
+                }) && !s
+                    .iter()
+                    .flat_map(endpoints)
+                    .any(|e| ["done", "unplaced"].contains(&target(e).as_str()))
             },
         )
         .await?;

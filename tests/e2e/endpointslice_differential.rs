@@ -1814,6 +1814,9 @@ async fn e8_run(
     let since = Timestamp::now();
     let skips = "pilothouse_stale_cache_skips_total{controller=\"endpointslice-controller\",resource=\"endpointslices\"}";
     let skips_before = ph.metric(skips).await?.unwrap_or(0.0);
+    // The spec's own series for it (upstream's name), beside the runtime's counter.
+    let stale_syncs = "endpoint_slice_controller_syncs{result=\"stale\"}";
+    let stale_before = ph.metric(stale_syncs).await?.unwrap_or(0.0);
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     services
         .create(&PostParams::default(), &service("churn", json!({}))?)
@@ -1904,6 +1907,7 @@ async fn e8_run(
         churn_end.elapsed()
     );
     let skipped = ph.metric(skips).await?.unwrap_or(0.0) - skips_before;
+    let stale = ph.metric(stale_syncs).await?.unwrap_or(0.0) - stale_before;
     let stats = delay.stats();
     let audit = flush_audit(cluster, client).await?;
     let mut by_verb: BTreeMap<String, usize> = BTreeMap::new();
@@ -1926,7 +1930,7 @@ async fn e8_run(
         }
     }
     println!(
-        "E8: slice watch delayed 5 s ({} delayed watches, {} chunks delayed); {polls} polls, no duplicate; stale-cache skips +{skipped}; slice writes {by_verb:?}",
+        "E8: slice watch delayed 5 s ({} delayed watches, {} chunks delayed); {polls} polls, no duplicate; stale-cache skips +{skipped} (syncs{{result=\"stale\"}} +{stale}); slice writes {by_verb:?}",
         stats.delayed_watches, stats.chunks_delayed
     );
     ensure!(
@@ -1942,6 +1946,7 @@ async fn e8_run(
         "slices created or deleted more than once: {by_verb:?}"
     );
     ensure!(skipped > 0.0, "no sync was held back for a stale cache");
+    ensure!(stale > 0.0, "{stale_syncs} did not rise");
     Ok(())
 }
 
@@ -2021,7 +2026,8 @@ async fn e10_batching_e13_delete_flag() -> Result<()> {
 
 /// E13 / B-10 with `--endpointslice-delete-on-selector-removal`: the slices of a Service that
 /// loses its selector are deleted, with no `StaleEndpointSlicesRetained` Warning (the default's
-/// keep-and-warn half is in the endpointslice suite).
+/// keep-and-warn half is in the endpointslice suite), and only the mirrored slice of the
+/// Endpoints kube-controller-manager keeps is left.
 async fn e13_delete_flag(client: &Client, ns: &str) -> Result<()> {
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     services
@@ -2046,15 +2052,34 @@ async fn e13_delete_flag(client: &Client, ns: &str) -> Result<()> {
             )?),
         )
         .await?;
-    wait_slices(
+    // kube-controller-manager keeps the Service's Endpoints once the selector is gone, and its
+    // mirroring controller (running on this plane) mirrors them under the same service-name
+    // label: the slices that must go are the endpointslice-controller's.
+    let managed_by = |s: &EndpointSlice| {
+        s.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("endpointslice.kubernetes.io/managed-by"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let s = wait_slices(
         client,
         ns,
         "unselected",
-        "slices deleted after the selector went",
+        "ours deleted and the Endpoints mirrored, after the selector went",
         Duration::from_secs(30),
-        <[EndpointSlice]>::is_empty,
+        |s| {
+            !s.is_empty()
+                && s.iter()
+                    .all(|x| managed_by(x) == "endpointslicemirroring-controller.k8s.io")
+        },
     )
     .await?;
+    ensure!(
+        s.iter().flat_map(endpoints_of).count() == 1,
+        "mirrored: {s:?}"
+    );
     let warned = events_about(client, ns, "Service", "unselected", |e| {
         e.reason.clone().unwrap_or_default()
     })
