@@ -725,15 +725,20 @@ async fn syncs(url: &str) -> Option<f64> {
     syncs_by_result(url).await.map(|by| by.values().sum())
 }
 
-/// `endpoint_slice_controller_syncs` by its `result` label (success, stale, error), or `None`
-/// if /metrics could not be read or has no such series.
-async fn syncs_by_result(url: &str) -> Option<BTreeMap<String, f64>> {
+/// One read of the /metrics at `url` (either side's), or `None` if curl could not run.
+async fn metrics_text(url: &str) -> Option<String> {
     let out = tokio::process::Command::new("curl")
         .args(["-sk", "--max-time", "5", url])
         .output()
         .await
         .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `endpoint_slice_controller_syncs` by its `result` label (success, stale, error), or `None`
+/// if /metrics could not be read or has no such series.
+async fn syncs_by_result(url: &str) -> Option<BTreeMap<String, f64>> {
+    let text = metrics_text(url).await?;
     let mut by = BTreeMap::new();
     for l in text.lines() {
         let Some(rest) = l.strip_prefix("endpoint_slice_controller_syncs") else {
@@ -755,12 +760,7 @@ async fn syncs_by_result(url: &str) -> Option<BTreeMap<String, f64>> {
 /// `workqueue_work_duration_seconds` of the queue `name`: (sum, count), or `None` if /metrics
 /// could not be read or has no such series.
 async fn work_duration(url: &str, name: &str) -> Option<(f64, f64)> {
-    let out = tokio::process::Command::new("curl")
-        .args(["-sk", "--max-time", "5", url])
-        .output()
-        .await
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = metrics_text(url).await?;
     let value = |suffix: &str| {
         let series = format!("workqueue_work_duration_seconds_{suffix}{{name=\"{name}\"}}");
         text.lines()
