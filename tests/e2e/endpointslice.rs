@@ -82,6 +82,11 @@ fn endpoints(s: &EndpointSlice) -> &[k8s_openapi::api::discovery::v1::Endpoint] 
     s.endpoints.as_deref().unwrap_or_default()
 }
 
+/// Whether the endpoint's `ready` condition is true.
+fn ready(e: &k8s_openapi::api::discovery::v1::Endpoint) -> bool {
+    e.conditions.as_ref().and_then(|c| c.ready) == Some(true)
+}
+
 fn target(e: &k8s_openapi::api::discovery::v1::Endpoint) -> String {
     e.target_ref
         .as_ref()
@@ -139,13 +144,7 @@ impl Ns {
             &format!("{n} ready endpoints for {service}"),
             service,
             Duration::from_secs(60),
-            |s| {
-                s.iter()
-                    .flat_map(endpoints)
-                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-                    .count()
-                    == n
-            },
+            |s| s.iter().flat_map(endpoints).filter(|e| ready(e)).count() == n,
         )
         .await
     }
@@ -370,12 +369,7 @@ async fn e3_port_sets() -> Result<()> {
             "three port sets, all ready",
             "ps",
             Duration::from_secs(60),
-            |s| {
-                by_port(s) == want
-                    && s.iter()
-                        .flat_map(endpoints)
-                        .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-            },
+            |s| by_port(s) == want && s.iter().flat_map(endpoints).all(ready),
         )
         .await?;
     // A pod's ports cannot change in place: D is replaced by a pod of the same name whose
@@ -488,9 +482,9 @@ async fn e4_conditions() -> Result<()> {
         Duration::from_secs(60),
         |s| {
             ["ok", "leaving"].iter().all(|name| {
-                s.iter().flat_map(endpoints).any(|e| {
-                    target(e) == *name && e.conditions.as_ref().and_then(|c| c.ready) == Some(true)
-                })
+                s.iter()
+                    .flat_map(endpoints)
+                    .any(|e| target(e) == *name && ready(e))
             })
         },
     )
@@ -549,10 +543,7 @@ async fn e4_conditions() -> Result<()> {
             Duration::from_secs(30),
             |s| {
                 let eps: Vec<_> = s.iter().flat_map(endpoints).collect();
-                eps.len() == 3
-                    && eps
-                        .iter()
-                        .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                eps.len() == 3 && eps.iter().all(|e| ready(e))
             },
         )
         .await?;
@@ -1204,11 +1195,7 @@ async fn e11_mirroring() -> Result<()> {
         v6.len()
     );
     ensure!(endpoints(v4[0]).len() == 1000, "{}", endpoints(v4[0]).len());
-    ensure!(
-        endpoints(v4[0])
-            .iter()
-            .all(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-    );
+    ensure!(endpoints(v4[0]).iter().all(ready));
     for x in [v4[0], v6[0]] {
         let l = labels(x);
         ensure!(l.get("team").map(String::as_str) == Some("x"), "{l:?}");

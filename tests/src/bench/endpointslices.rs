@@ -332,10 +332,14 @@ pub(super) async fn rollout(
     drop(watches);
     // How many syncs the writes came from: at batch period 0 a sync writes what changed since
     // the last, so fewer, longer syncs coalesce more changes into each write.
-    let synced = syncs_by_result(metrics_url).await;
+    // One read for both series, so that they describe the same moment.
+    let text = metrics_text(metrics_url).await;
+    let synced = text.as_deref().and_then(syncs_by_result);
     // How long a sync takes (the work queue's processing time of a key, writes included), which
     // sets how many changes the next one finds waiting.
-    let worked = work_duration(metrics_url, "endpoint_slice").await;
+    let worked = text
+        .as_deref()
+        .and_then(|t| work_duration(t, "endpoint_slice"));
 
     let mut extra = BTreeMap::from([
         ("created and shown ready (s)".to_string(), created),
@@ -722,7 +726,7 @@ fn synced_in_log(side: Side, text: &str) -> bool {
 /// `endpoint_slice_controller_syncs` (both sides; Pilothouse served it as `..._total` before
 /// 92261b4, which older binaries still do) summed over results, or `None` if /metrics could not be read or has no such series.
 async fn syncs(url: &str) -> Option<f64> {
-    syncs_by_result(url).await.map(|by| by.values().sum())
+    syncs_by_result(&metrics_text(url).await?).map(|by| by.values().sum())
 }
 
 /// One read of the /metrics at `url` (either side's), or `None` if curl could not run.
@@ -735,10 +739,9 @@ async fn metrics_text(url: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `endpoint_slice_controller_syncs` by its `result` label (success, stale, error), or `None`
-/// if /metrics could not be read or has no such series.
-async fn syncs_by_result(url: &str) -> Option<BTreeMap<String, f64>> {
-    let text = metrics_text(url).await?;
+/// `endpoint_slice_controller_syncs` by its `result` label (success, stale, error) in a
+/// /metrics `text`, or `None` if it has no such series.
+fn syncs_by_result(text: &str) -> Option<BTreeMap<String, f64>> {
     let mut by = BTreeMap::new();
     for l in text.lines() {
         let Some(rest) = l.strip_prefix("endpoint_slice_controller_syncs") else {
@@ -757,10 +760,9 @@ async fn syncs_by_result(url: &str) -> Option<BTreeMap<String, f64>> {
     (!by.is_empty()).then_some(by)
 }
 
-/// `workqueue_work_duration_seconds` of the queue `name`: (sum, count), or `None` if /metrics
-/// could not be read or has no such series.
-async fn work_duration(url: &str, name: &str) -> Option<(f64, f64)> {
-    let text = metrics_text(url).await?;
+/// `workqueue_work_duration_seconds` of the queue `name` in a /metrics `text`: (sum, count), or
+/// `None` if it has no such series.
+fn work_duration(text: &str, name: &str) -> Option<(f64, f64)> {
     let value = |suffix: &str| {
         let series = format!("workqueue_work_duration_seconds_{suffix}{{name=\"{name}\"}}");
         text.lines()
