@@ -876,3 +876,42 @@ async fn restart_state(slices: &Api<EndpointSlice>) -> Result<BTreeMap<String, S
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both sides' exposition: Pilothouse's (OpenMetrics from prometheus-client) and
+    /// kube-controller-manager's (Prometheus text, Go float forms), with a queue whose name
+    /// extends the one asked for.
+    #[test]
+    fn reads_syncs_and_queue_work_from_either_side() {
+        let pilothouse = "endpoint_slice_controller_syncs{result=\"success\"} 8664\n\
+            endpoint_slice_controller_syncs{result=\"stale\"} 1772\n\
+            workqueue_work_duration_seconds_sum{name=\"endpoint_slice\"} 686.74\n\
+            workqueue_work_duration_seconds_count{name=\"endpoint_slice\"} 10436\n";
+        let upstream = "# TYPE endpoint_slice_controller_syncs counter\n\
+            endpoint_slice_controller_syncs{result=\"success\"} 5619\n\
+            workqueue_work_duration_seconds_sum{name=\"endpoint_slice_topology\"} 1\n\
+            workqueue_work_duration_seconds_count{name=\"endpoint_slice_topology\"} 2\n\
+            workqueue_work_duration_seconds_sum{name=\"endpoint_slice\"} 718.57\n\
+            workqueue_work_duration_seconds_count{name=\"endpoint_slice\"} 6.382e+03\n";
+        let by = syncs_by_result(pilothouse).unwrap();
+        assert_eq!(by.get("success"), Some(&8664.0));
+        assert_eq!(by.get("stale"), Some(&1772.0));
+        assert_eq!(
+            work_duration(pilothouse, "endpoint_slice"),
+            Some((686.74, 10436.0))
+        );
+        assert_eq!(
+            syncs_by_result(upstream).unwrap().get("success"),
+            Some(&5619.0)
+        );
+        assert_eq!(
+            work_duration(upstream, "endpoint_slice"),
+            Some((718.57, 6382.0))
+        );
+        assert_eq!(work_duration("", "endpoint_slice"), None);
+        assert_eq!(syncs_by_result("workqueue_depth{name=\"x\"} 0"), None);
+    }
+}
