@@ -1,12 +1,13 @@
 //! `pilothouse`: one binary replacing kube-controller-manager's workload and node controllers.
 
 use clap::{CommandFactory, FromArgMatches, Parser};
-use shared::controller::Registration;
-use shared::flags::{ManagerOptions, SetFlags};
-use shared::manager::{self, Exit};
+use shared::process::flags::{ManagerOptions, SetFlags};
+use shared::process::manager::{self, Exit};
+use shared::runtime::controller::Registration;
 use std::process::ExitCode;
 
 mod crds;
+mod flags_doc;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -45,6 +46,8 @@ enum Command {
     /// Prints the CustomResourceDefinitions this binary serves (generated from its types), or
     /// writes one file per CRD with --output-dir (how crds/ is made).
     Crd(crds::CrdArgs),
+    /// Prints the reference of this binary's flags as Markdown (how docs/flags.md is made).
+    Flags,
 }
 
 /// `--version`: the crate version and the bundled IANA time zone release (CR-12).
@@ -75,7 +78,7 @@ fn main() -> ExitCode {
     // A command line copied from kube-controller-manager: its flags that do not apply here are
     // dropped and named once below; flags neither knows stay errors.
     let (args, ignored) =
-        shared::flags::drop_foreign_kcm_flags(std::env::args_os().collect(), &command);
+        shared::process::flags::drop_foreign_kcm_flags(std::env::args_os().collect(), &command);
     let matches = command.clone().get_matches_from(args);
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
@@ -84,13 +87,17 @@ fn main() -> ExitCode {
     match &cli.command {
         Some(Command::Schedule(args)) => return cronjob::cli::run(&cli.cronjob, args),
         Some(Command::Crd(args)) => return crds::run(args),
+        Some(Command::Flags) => {
+            print!("{}", flags_doc::render(&Cli::command()));
+            return ExitCode::SUCCESS;
+        }
         Some(Command::Maintenance(args)) => {
             return node_maintenance::cli::run(args, &cli.manager.kubeconfig);
         }
         None => {}
     }
     let set = SetFlags::from_matches(&command, &matches);
-    shared::logging::init(cli.manager.logging_format, cli.manager.verbosity);
+    shared::serving::logging::init(cli.manager.logging_format, cli.manager.verbosity);
     if !ignored.is_empty() {
         tracing::warn!(
             flags = %ignored.join(", "),

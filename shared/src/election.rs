@@ -12,7 +12,8 @@
 //! - A graceful stop releases the Lease (holder cleared, duration 1 s) so a standby takes over at
 //!   its next retry.
 
-use crate::client::WriteFence;
+use crate::api::client::WriteFence;
+use crate::meta::clock::jitter;
 use crate::metrics::{Metrics, NameLabel};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -238,7 +239,7 @@ impl LeaderElector {
             let s = self.lock();
             let valid = s
                 .observed_at
-                .is_some_and(|t| now < crate::queue::far_or(t, self.config.lease_duration));
+                .is_some_and(|t| now < crate::meta::clock::far_or(t, self.config.lease_duration));
             if s.leading && valid && s.observed.holder == me {
                 s.lease.clone()
             } else {
@@ -313,7 +314,7 @@ impl LeaderElector {
             // leaseDurationSeconds is anyone's write: the expiry must not overflow an Instant.
             let valid = s
                 .observed_at
-                .is_some_and(|t| now < crate::queue::far_or(t, held_for));
+                .is_some_and(|t| now < crate::meta::clock::far_or(t, held_for));
             (s.observed.clone(), valid)
         };
         if !old.holder.is_empty() && old.holder != me && valid {
@@ -401,7 +402,7 @@ impl LeaderElector {
         let Some(last) = self.lock().renewed_at else {
             return false;
         };
-        let deadline = crate::queue::far_or(last, self.config.renew_deadline);
+        let deadline = crate::meta::clock::far_or(last, self.config.renew_deadline);
         loop {
             let now = Instant::now();
             if now >= deadline || stop.is_cancelled() {
@@ -412,7 +413,7 @@ impl LeaderElector {
                 return true;
             }
             let retry =
-                crate::queue::far_or(Instant::now(), self.config.retry_period).min(deadline);
+                crate::meta::clock::far_or(Instant::now(), self.config.retry_period).min(deadline);
             tokio::select! {
                 _ = stop.cancelled() => return false,
                 _ = tokio::time::sleep_until(retry) => {}
@@ -430,7 +431,7 @@ impl LeaderElector {
         if s.observed.holder.is_empty() {
             return retry;
         }
-        let expires = crate::queue::far_or(
+        let expires = crate::meta::clock::far_or(
             seen,
             Duration::from_secs(s.observed.duration_seconds.max(0) as u64),
         );
@@ -531,13 +532,6 @@ impl WriteFence for LeaderElector {
             && s.renewed_at
                 .is_some_and(|t| t.elapsed() < self.config.renew_deadline)
     }
-}
-
-/// client-go `wait.Jitter`: `d + rand[0,1) * factor * d`.
-pub fn jitter(d: Duration, factor: f64) -> Duration {
-    let extra = Duration::try_from_secs_f64(d.as_secs_f64() * rand::random::<f64>() * factor)
-        .unwrap_or(Duration::MAX);
-    d.saturating_add(extra)
 }
 
 #[cfg(test)]

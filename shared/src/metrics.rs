@@ -273,9 +273,9 @@ impl Metrics {
             .clone()
     }
 
-    /// `pilothouse_stale_cache_skips_total{controller,resource}` (spec §7): syncs held back
-    /// because a cache had not caught up with this replica's own writes. One family for every
-    /// controller, registered on first use.
+    /// `pilothouse_stale_cache_skips_total{controller,resource}` (ST-44, ES-15, MR-7): syncs held
+    /// back because a cache had not caught up with this replica's own writes. One family for
+    /// every controller, registered on first use.
     pub fn stale_skip(&self, controller: &str, resource: &str) {
         self.stale_skips
             .get_or_init(|| {

@@ -7,7 +7,7 @@
 //! - a recording writer ([`FakeApi`]) that keeps every call in order and answers it from an
 //!   in-memory object tracker (creates get a UID and resourceVersion, `generateName` is honoured,
 //!   resourceVersion and UID preconditions are enforced), with scripted failures;
-//! - a wall clock that follows tokio's paused time ([`crate::clock::FollowingClock`]).
+//! - a wall clock that follows tokio's paused time ([`crate::meta::clock::FollowingClock`]).
 //!
 //! Writes do not reach the caches by themselves, as on a real cluster where the watch lags:
 //! [`Kit::observe`] delivers the tracker's state of one object to the cache, when a test wants
@@ -19,13 +19,14 @@
 //! is replaced. Sync tests are for decisions and the calls they make; behaviour against the API
 //! server's own semantics is proven end to end.
 
-use crate::clock::{Clock, FollowingClock};
-use crate::controller::Setup;
-use crate::events::EventRecorder;
-use crate::flags::FeatureGates;
-use crate::informers::{Informer, Informers, Watched, object_key};
+use crate::api::writer::{Call, PatchKind, Target, Transport, Writer};
+use crate::cache::informers::{Informer, Informers, Watched};
+use crate::meta::clock::{Clock, FollowingClock};
+use crate::meta::keys::object_key;
 use crate::metrics::Metrics;
-use crate::writer::{Call, PatchKind, Target, Transport, Writer};
+use crate::runtime::controller::Setup;
+use crate::runtime::events::EventRecorder;
+use crate::runtime::gates::FeatureGates;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::jiff::Timestamp;
@@ -540,7 +541,7 @@ impl Kit {
         let config = kube::Config::new("http://127.0.0.1:9".parse().expect("static url"));
         let client = kube::Client::try_from(config).expect("a client for no server");
         Kit {
-            informers: Informers::new(client, CancellationToken::new()),
+            informers: crate::cache::registry(client, CancellationToken::new()),
             metrics: Metrics::new(),
             api: Arc::new(FakeApi::default()),
             clock: Arc::new(FollowingClock::starting_at(
@@ -646,7 +647,7 @@ impl Running {
 
 impl Kit {
     /// Runs a controller as the runtime does once this replica leads (starters, then workers).
-    pub fn start(&self, controller: Box<dyn crate::controller::Controller>) -> Running {
+    pub fn start(&self, controller: Box<dyn crate::runtime::controller::Controller>) -> Running {
         let stop = CancellationToken::new();
         let handle = tokio::spawn(controller.run(stop.clone()));
         Running { stop, handle }
@@ -656,7 +657,7 @@ impl Kit {
 /// Polls `done` every 10 ms (of tokio time: paused tests advance at once) for up to `limit`;
 /// true if it held.
 pub async fn eventually(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
-    let end = crate::queue::far_or(tokio::time::Instant::now(), limit);
+    let end = crate::meta::clock::far_or(tokio::time::Instant::now(), limit);
     loop {
         settle().await;
         if done() {
@@ -720,7 +721,7 @@ mod tests {
                 json!({"metadata": {"resourceVersion": "1"}}),
             )
             .await;
-        assert!(crate::apierr::is_conflict(&stale.unwrap_err()));
+        assert!(crate::api::apierr::is_conflict(&stale.unwrap_err()));
         let replaced = w
             .patch::<Pod>(
                 "ns",
@@ -729,12 +730,12 @@ mod tests {
                 json!({"metadata": {"uid": "other"}}),
             )
             .await;
-        assert!(crate::apierr::is_uid_mismatch(&replaced.unwrap_err()));
+        assert!(crate::api::apierr::is_uid_mismatch(&replaced.unwrap_err()));
         let wrong_uid = w
-            .delete::<Pod>("ns", "p", crate::writer::Delete::with_uid("other"))
+            .delete::<Pod>("ns", "p", crate::api::writer::Delete::with_uid("other"))
             .await;
-        assert!(crate::apierr::is_conflict(&wrong_uid.unwrap_err()));
-        w.delete::<Pod>("ns", "p", crate::writer::Delete::with_uid("uid-p"))
+        assert!(crate::api::apierr::is_conflict(&wrong_uid.unwrap_err()));
+        w.delete::<Pod>("ns", "p", crate::api::writer::Delete::with_uid("uid-p"))
             .await
             .unwrap();
         assert!(kit.api.object::<Pod>("ns", "p").is_none());

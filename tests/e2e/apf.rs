@@ -380,7 +380,7 @@ fn main() -> ! {
     // The client's debug line names each wait the API server asked for. Set before any thread
     // exists; the suite's Pilothouse inherits it.
     // SAFETY: single-threaded here, nothing reads the environment concurrently.
-    unsafe { std::env::set_var("RUST_LOG", "info,shared::client=debug") };
+    unsafe { std::env::set_var("RUST_LOG", "info,shared::api::client=debug") };
     pilothouse_tests::harness::main_with_setup(
         "apf",
         ClusterOptions {

@@ -1,4 +1,4 @@
-//! Differential test of CronJob schedules (issue 4, CR-4..CR-16, B-12), no cluster needed.
+//! Differential test of CronJob schedules (issue 4, CR-4..CR-16, JB-12), no cluster needed.
 //!
 //! A generated corpus of (schedule, time zone, start instant) cases, many of them invalid and
 //! many starting near daylight-saving transitions, is answered by
@@ -479,7 +479,7 @@ fn upstream_mode_equals_robfig() -> Result<()> {
 }
 
 /// Wall-clock evaluator written without the controller's evaluators: it walks UTC minutes, reads
-/// the local wall clock from the zone's offsets, and applies B-12 to what it sees.
+/// the local wall clock from the zone's offsets, and applies JB-12 to what it sees.
 struct Walker<'a> {
     f: &'a Fields,
     tz: TimeZone,

@@ -794,7 +794,7 @@ async fn c9_schedule_change() -> Result<()> {
     Ok(())
 }
 
-/// C10 (B-8): the status write after a create is rejected once: no second Job for that minute,
+/// C10 (JB-8): the status write after a create is rejected once: no second Job for that minute,
 /// and the Job is back in `active` after the retry.
 async fn c10_lost_status_write() -> Result<()> {
     use pilothouse_tests::webhook::{Match, Webhook};
@@ -848,7 +848,7 @@ async fn c10_lost_status_write() -> Result<()> {
     result
 }
 
-/// C11 (B-7): a Job controlled by another kind of object with the CronJob's name is never
+/// C11 (JB-7): a Job controlled by another kind of object with the CronJob's name is never
 /// `UnexpectedJob`, never in `active`, never cleaned up as history.
 async fn c11_foreign_owner() -> Result<()> {
     let n = ns("c11").await?;

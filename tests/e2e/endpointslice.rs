@@ -749,7 +749,7 @@ async fn e5_churn() -> Result<()> {
 }
 
 /// E7: a deleted slice is recreated, edited endpoints are reverted, a foreign label is removed
-/// (B-12), a slice managed by someone else is untouched, and a Service recreated under the same
+/// (SB-12), a slice managed by someone else is untouched, and a Service recreated under the same
 /// name has its old slices deleted, never updated.
 async fn e7_self_healing() -> Result<()> {
     let n = ns("e7").await?;
@@ -786,7 +786,7 @@ async fn e7_self_healing() -> Result<()> {
         )
         .await?;
     n.wait_slices(
-        "foreign label removed (B-12)",
+        "foreign label removed (SB-12)",
         "heal",
         Duration::from_secs(30),
         |s| s.len() == 1 && !labels(&s[0]).contains_key("foreign"),
@@ -1077,7 +1077,7 @@ async fn isolated_flip_is_not_delayed() -> Result<()> {
     Ok(())
 }
 
-/// E13 / B-10: a Service losing its selector keeps its slices, with a Warning and the gauge.
+/// E13 / SB-10: a Service losing its selector keeps its slices, with a Warning and the gauge.
 async fn e13_selector_removal() -> Result<()> {
     let n = ns("e13").await?;
     n.create_service(&service("sel", json!({}))?).await?;

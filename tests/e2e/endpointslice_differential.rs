@@ -16,7 +16,7 @@
 //! audit log and Pilothouse's must not exceed upstream's. A difference in contents passes only
 //! through [`allowed`], keyed by a spec B-rule.
 //!
-//! Not compared: metrics (so mirroring's `desired_endpoint_slices` is free to differ), and B-13
+//! Not compared: metrics (so mirroring's `desired_endpoint_slices` is free to differ), and SB-13
 //! (Pilothouse's recycled-slice PUT carries a resourceVersion) which does not show in contents.
 
 use anyhow::{Context, Result, bail, ensure};
@@ -49,7 +49,7 @@ const UP_ES_USER: &str = "system:serviceaccount:kube-system:endpointslice-contro
 const UP_MR_USER: &str = "system:serviceaccount:kube-system:endpointslicemirroring-controller";
 /// The tests' own admin certificate (tests/cluster/up): its writes are the workload's.
 const ADMIN_USER: &str = "pilothouse-admin";
-/// The label E1 puts on a managed slice by hand (B-12).
+/// The label E1 puts on a managed slice by hand (SB-12).
 const FOREIGN: &str = "pilothouse.test/foreign";
 const NOT_READY: &str = "pilothouse.test/not-ready";
 
@@ -605,7 +605,7 @@ impl Scenario {
 
 /// E1: shape — ports 80→8080 and `http`→`web`, Service labels (the reserved ones ignored), 3
 /// Ready pods on zoned nodes, one with a hostname in the Service's subdomain; a headless twin;
-/// a foreign label put on a managed slice (B-12); Service label changes propagating.
+/// a foreign label put on a managed slice (SB-12); Service label changes propagating.
 async fn e1_shape(planes: &[Plane; 2]) -> Result<Scenario> {
     let mut sc = Scenario::new("E1", planes, Placement::RelativeToPods, UP_ES_USER).await?;
     sc.step("services and pods");
@@ -671,13 +671,13 @@ async fn e1_shape(planes: &[Plane; 2]) -> Result<Scenario> {
                 &Patch::Merge(json!({"metadata": {"labels": {FOREIGN: "x"}}})),
             )
             .await?;
-        // B-12 says upstream lets such an edit linger (generation unchanged); whether the API
+        // SB-12 says upstream lets such an edit linger (generation unchanged); whether the API
         // server moved the generation decides whether upstream's tracker resyncs: print it.
         println!(
             "E1 {}: foreign label edit moved the slice's generation {:?} -> {:?}",
             p.side, s[0].metadata.generation, patched.metadata.generation
         );
-        // Pilothouse removes the label (B-12). Give both the same time, a slice-triggered sync
+        // Pilothouse removes the label (SB-12). Give both the same time, a slice-triggered sync
         // (≥ 1 s) several times over.
         let _ = wait_slices(
             &p.client,
@@ -1303,12 +1303,12 @@ async fn e11_mirroring(planes: &[Plane; 2]) -> Result<(Scenario, String)> {
 
 /// Declared divergences (spec §5) that show in these scenarios' slices or write counts, each
 /// keyed by its B-rule. None does:
-/// - B-12 (a foreign label lingers upstream): the 1.37 API server moves a slice's generation on a
+/// - SB-12 (a foreign label lingers upstream): the 1.37 API server moves a slice's generation on a
 ///   label change [pkg/registry/discovery/endpointslice/strategy.go: PrepareForUpdate], so
 ///   upstream's tracker resyncs and removes the label too — E1's "foreign label" checkpoint
 ///   (and the generations printed there) shows it, with one update on each plane;
-/// - B-13 (resourceVersion on a recycled slice's PUT) is not visible in contents or counts;
-/// - B-10, B-11, B-14 are not exercised by E1, E5, E9, E11 with a single-stack plane.
+/// - SB-13 (resourceVersion on a recycled slice's PUT) is not visible in contents or counts;
+/// - SB-10, SB-11, SB-14 are not exercised by E1, E5, E9, E11 with a single-stack plane.
 ///
 /// Mirroring's `desired_endpoint_slices` and every other metric are not compared.
 fn allowed(_checkpoint: &str, _up: &Snapshot, _ours: &Snapshot) -> Option<&'static str> {
@@ -1505,7 +1505,7 @@ async fn differential() -> Result<()> {
             }
         }
     }
-    // B-12 is a MUST of the spec: its checkpoint must show Pilothouse without the label.
+    // SB-12 is a MUST of the spec: its checkpoint must show Pilothouse without the label.
     for sc in &scenarios {
         for (checkpoint, [_, mine]) in &sc.checkpoints {
             if checkpoint == "E1 foreign label"
@@ -1515,7 +1515,7 @@ async fn differential() -> Result<()> {
                     .flat_map(|g| &g.slices)
                     .any(|s| s.labels.contains_key(FOREIGN))
             {
-                failures.push("B-12: Pilothouse left the foreign label on its slice".into());
+                failures.push("SB-12: Pilothouse left the foreign label on its slice".into());
             }
         }
     }
@@ -2024,7 +2024,7 @@ async fn e10_batching_e13_delete_flag() -> Result<()> {
     result
 }
 
-/// E13 / B-10 with `--endpointslice-delete-on-selector-removal`: the slices of a Service that
+/// E13 / SB-10 with `--endpointslice-delete-on-selector-removal`: the slices of a Service that
 /// loses its selector are deleted, with no `StaleEndpointSlicesRetained` Warning (the default's
 /// keep-and-warn half is in the endpointslice suite), and only the mirrored slice of the
 /// Endpoints kube-controller-manager keeps is left.

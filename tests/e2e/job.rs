@@ -116,7 +116,7 @@ async fn set_suspend(j: &Jobs, name: &str, suspend: bool) -> Result<()> {
     Ok(())
 }
 
-/// No status write was refused locally (B-2) and none rejected by the API server.
+/// No status write was refused locally (JB-2) and none rejected by the API server.
 async fn no_invalid_writes() -> Result<()> {
     ensure!(
         metric("pilothouse_job_status_writes_refused_total").await? == 0.0,
@@ -365,7 +365,7 @@ async fn j2_indexed() -> Result<()> {
     no_invalid_writes().await
 }
 
-/// J3: pod-failure backoff and BackoffLimitExceeded; B-1 variant (active/ready truthful).
+/// J3: pod-failure backoff and BackoffLimitExceeded; JB-1 variant (active/ready truthful).
 async fn j3_backoff() -> Result<()> {
     let j = ns("j3").await?;
     j.create(&jobs::job(
@@ -400,7 +400,7 @@ async fn j3_backoff() -> Result<()> {
     j.wait_event("fail", "BackoffLimitExceeded").await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(j.pods_of("fail").await?.len() == 3, "a 4th pod appeared");
-    // B-1: one Ready pod keeps running while the other fails and waits on backoff.
+    // JB-1: one Ready pod keeps running while the other fails and waits on backoff.
     j.create(&jobs::job(
         "b1",
         json!({"parallelism": 2, "completions": 2, "backoffLimit": 6}),
@@ -1278,7 +1278,7 @@ async fn j14_ttl() -> Result<()> {
     .await
 }
 
-/// J15 (B-3): a Job recreated under the same name while a create for its predecessor hangs
+/// J15 (JB-3): a Job recreated under the same name while a create for its predecessor hangs
 /// starts clean.
 async fn j15_recreated_job_starts_clean() -> Result<()> {
     use pilothouse_tests::webhook::{Match, Webhook};
@@ -1331,7 +1331,7 @@ async fn j15_recreated_job_starts_clean() -> Result<()> {
     hook.remove().await
 }
 
-/// J16 (B-4): finalizer removals rejected by an admission webhook for 60 s are reported and
+/// J16 (JB-4): finalizer removals rejected by an admission webhook for 60 s are reported and
 /// retried; once the rejection lifts, the finalizers go and the Job completes.
 async fn j16_rejected_finalizer_removal() -> Result<()> {
     use pilothouse_tests::webhook::Webhook;

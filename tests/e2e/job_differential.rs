@@ -335,8 +335,8 @@ async fn job_controller(
     Ok((cluster, ph))
 }
 
-/// J17 (B-5): an Indexed 3/3 Job completing while Pilothouse is killed and restarted gets
-/// exactly 3 pods. J18 (B-6): under a ResourceQuota of one pod, `job_pods_creation_total`
+/// J17 (JB-5): an Indexed 3/3 Job completing while Pilothouse is killed and restarted gets
+/// exactly 3 pods. J18 (JB-6): under a ResourceQuota of one pod, `job_pods_creation_total`
 /// counts each create attempt once (failed ones as failed only).
 async fn j17_j18_own_pilothouse() -> Result<()> {
     let (cluster, first) = job_controller("j17", "j17-first", &[]).await?;

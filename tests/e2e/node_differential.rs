@@ -35,7 +35,7 @@ const TOLERANCE: Duration = Duration::from_millis(1500);
 
 /// Differences between upstream and Pilothouse that a spec rule explains. Anything else fails.
 ///
-/// NL-5/B-2 (spec §8, open point 1): in a zone whose outage makes it PartialDisruption (rate 0
+/// NL-5/NB-2 (spec §8, open point 1): in a zone whose outage makes it PartialDisruption (rate 0
 /// for a zone of ≤ 50 nodes), upstream can spend the token the zone still held on the first
 /// node it queued before its monitor pass reclassifies the zone; Pilothouse recomputes zone
 /// states for the batch first. So upstream may have at most one more `unreachable:NoExecute`
@@ -73,7 +73,7 @@ fn allowed_differences(up: &OutageOutcome, ours: &OutageOutcome) -> Result<Vec<S
         bail!("deleted pods differ: upstream only {up_only:?}, pilothouse only {ours_only:?}");
     }
     for n in &extra_nodes {
-        allowed.push(format!("NL-5/B-2: upstream tainted {n} (zone zb entering PartialDisruption) and deleted p-{n}; Pilothouse did not"));
+        allowed.push(format!("NL-5/NB-2: upstream tainted {n} (zone zb entering PartialDisruption) and deleted p-{n}; Pilothouse did not"));
     }
     Ok(allowed)
 }
@@ -237,7 +237,7 @@ async fn differential_node_outage() -> Result<()> {
     Ok(())
 }
 
-/// N15 (B-3): restarting the node-lifecycle controller while a node is Unknown and tainted keeps
+/// N15 (NB-3): restarting the node-lifecycle controller while a node is Unknown and tainted keeps
 /// the taint (same `timeAdded`), emits no "Cancelling deletion", and counts no new eviction.
 /// (Upstream strips every NoExecute taint on start and re-adds it, restarting toleration clocks.)
 async fn n15_restart_keeps_taints() -> Result<()> {

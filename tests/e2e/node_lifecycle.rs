@@ -684,7 +684,7 @@ async fn n10_normal_zone_rate() -> Result<()> {
     ensure!(zone_metric("node_collector_zone_size", &zone).await? == Some(10.0));
     ensure!(zone_metric("node_collector_zone_health", &zone).await? == Some(70.0));
     ensure!(zone_metric("node_collector_unhealthy_nodes_in_zone", &zone).await? == Some(3.0));
-    // B-2's detection latency is recorded per kind (other tests add samples too), and full
+    // NB-2's detection latency is recorded per kind (other tests add samples too), and full
     // passes are timed.
     let ph = pilothouse_tests::harness::pilothouse();
     for kind in ["condition", "noschedule", "noexecute"] {

@@ -648,7 +648,7 @@ fn fixed() -> Value {
     json!({"template": {"spec": {"nodeSelector": null, "containers": [{"name": "c", "image": "nginx:3"}]}}})
 }
 
-/// S6 (#137409, B-1): a Parallel set whose first template never turns Ready is rolled forward
+/// S6 (#137409, SB-1): a Parallel set whose first template never turns Ready is rolled forward
 /// unaided once the template is fixed (maxUnavailable unset), for 1 and 3 replicas.
 async fn s6_broken_first_template_is_replaced() -> Result<()> {
     let n = ns("s6").await?;
@@ -1172,7 +1172,7 @@ async fn s13_start_ordinal() -> Result<()> {
 
 /// S15: minReadySeconds 20, OrderedReady, 2 replicas: web-1 is created ≥ 20 s after web-0 turned
 /// Ready; `availableReplicas` reaches 2 with no further pod change (a timed requeue); in a
-/// rollout `currentRevision` advances only once every pod is Available (B-3).
+/// rollout `currentRevision` advances only once every pod is Available (SB-3).
 async fn s15_min_ready_seconds() -> Result<()> {
     let n = ns("s15").await?;
     n.create(&set("web", 2, json!({"minReadySeconds": 20}))?)
@@ -1211,7 +1211,7 @@ async fn s15_min_ready_seconds() -> Result<()> {
         rv1.as_deref() == Some(ready1.resource_version.as_str()),
         "web-1 changed after it turned Ready: {views:#?}"
     );
-    // B-3.
+    // SB-3.
     let old = n.status("web").await?["currentRevision"]
         .as_str()
         .unwrap_or_default()
@@ -1367,7 +1367,7 @@ async fn webhook_faults_converge_exactly() -> Result<()> {
     Ok(())
 }
 
-/// S16 (B-4): Parallel under a pod quota of 21, scaled 2 → 32 (21 pods); the quota shrinks to
+/// S16 (SB-4): Parallel under a pod quota of 21, scaled 2 → 32 (21 pods); the quota shrinks to
 /// 20 and web-3 is deleted, so it cannot return; scaled to 10, one pod is missing below the new
 /// size and 11 are condemned above it with no quota left: upstream tries the create first, is
 /// refused every time and never deletes (#140858); Pilothouse deletes the condemned first,
@@ -1460,7 +1460,7 @@ async fn s16_quota() -> Result<()> {
     Ok(())
 }
 
-/// ST-15 with defaults (B-2): an orphan revision written before the API server defaulted some
+/// ST-15 with defaults (SB-2): an orphan revision written before the API server defaulted some
 /// fields (its template lacks `imagePullPolicy`, `terminationMessagePath`, ...) is adopted and,
 /// once the API server has defaulted it (a dry-run PodTemplate create the shipped RBAC allows),
 /// reused for the set whose template it is: no new revision.

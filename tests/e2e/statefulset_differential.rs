@@ -538,7 +538,7 @@ async fn adoption(client: Client) -> Result<Vec<(String, Snapshot)>> {
     Ok(out)
 }
 
-/// ST-15 (B-2): an orphan revision whose template lacks the fields the API server defaults
+/// ST-15 (SB-2): an orphan revision whose template lacks the fields the API server defaults
 /// (as one written by an older release would) is adopted and reused for the set whose template
 /// it is, once defaulted: no new revision on either side.
 async fn defaults(client: Client) -> Result<Vec<(String, Snapshot)>> {
@@ -725,7 +725,7 @@ fn allowed(checkpoint: &str, up: &Snapshot, ours: &Snapshot) -> Option<&'static 
                     && e.contains("already exists"))
         });
         if !only_ours && !only_up.is_empty() && conflicts_only {
-            return Some("B-8/ST-44: upstream's cached read lost an optimistic-concurrency race");
+            return Some("SB-8/ST-44: upstream's cached read lost an optimistic-concurrency race");
         }
     }
     None
@@ -899,7 +899,7 @@ async fn own_plane(name: &str) -> Result<(Cluster, Client)> {
     Ok((cluster, client))
 }
 
-/// S14 (B-2, ST-16): sets rolled by upstream kube-controller-manager 1.37, handed to Pilothouse
+/// S14 (SB-2, ST-16): sets rolled by upstream kube-controller-manager 1.37, handed to Pilothouse
 /// and back: zero pod deletions (same UIDs), zero new revisions, status unchanged.
 async fn s14_takeover() -> Result<()> {
     let (cluster, client) = own_plane("s14").await?;
@@ -968,7 +968,7 @@ async fn s14_takeover() -> Result<()> {
     Ok(())
 }
 
-/// S17 (ST-44, B-8): Pilothouse's pod watch runs 5 s late (a proxy between it and the API
+/// S17 (ST-44, SB-8): Pilothouse's pod watch runs 5 s late (a proxy between it and the API
 /// server delays every pod watch event) through S2 (a Parallel burst, then scale to 0) and S3
 /// (a partitioned rollout, then the rest): each pod is created and deleted once per step —
 /// no create answered AlreadyExists, no delete answered NotFound, no extra writes — and the

@@ -182,7 +182,7 @@ async fn n7_toleration_matrix() -> Result<()> {
     f.cleanup().await
 }
 
-/// N8 (B-5): raising `tolerationSeconds` while the timer runs moves the deadline; upstream
+/// N8 (NB-5): raising `tolerationSeconds` while the timer runs moves the deadline; upstream
 /// would keep the old one.
 async fn n8_toleration_change_moves_deadline() -> Result<()> {
     let f = Fixture::new("n8").await?;
@@ -284,7 +284,7 @@ async fn recovery_cancels_eviction() -> Result<()> {
     f.cleanup().await
 }
 
-/// B-7, TE-7, TE-10: a webhook rejecting the DisruptionTarget status write six times: the
+/// NB-7, TE-7, TE-10: a webhook rejecting the DisruptionTarget status write six times: the
 /// controller keeps retrying with backoff, warns after the fifth failure, and deletes the pod
 /// once the webhook lets it through.
 async fn rejected_status_write_is_retried_and_reported() -> Result<()> {

@@ -272,7 +272,7 @@ pub fn since(t: Timestamp) -> f64 {
 
 /// A StatefulSet `name` (selector and pod label `app: name`, Service `name`) of `replicas` pods
 /// for kwok, with a grace of 1 s: kwok keeps a deleted pod that long, so rollouts stay short (0
-/// would draw B-7's warning).
+/// would draw SB-7's warning).
 pub fn stateful_set(name: &str, replicas: i32) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",

@@ -1,11 +1,11 @@
 //! The controller's API requests, every one through the writer seam: Job creation with the
-//! AlreadyExists recovery (CR-20, B-8), live reads the caches cannot serve (CR-27, CR-29), Job
+//! AlreadyExists recovery (CR-20, JB-8), live reads the caches cannot serve (CR-27, CR-29), Job
 //! deletion with Background propagation (CR-27 Replace, CR-32 history) and the status write
 //! (CR-2). Events and memory stay with the sync; these only send and classify.
 
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use shared::apierr::{is_already_exists, is_namespace_terminating};
-use shared::writer::{Delete, Writer};
+use shared::api::apierr::{is_already_exists, is_namespace_terminating};
+use shared::api::writer::{Delete, Writer};
 
 /// CR-29: the CronJob as the API server has it now.
 pub async fn read_cronjob(
@@ -44,7 +44,7 @@ pub async fn write_status(writer: &Writer, cj: &CronJob) -> Result<CronJob, kube
 pub enum Created {
     /// The API server created it (as returned).
     New(Job),
-    /// B-8: a Job of that name already existed in the CronJob's namespace (as read); whether it
+    /// JB-8: a Job of that name already existed in the CronJob's namespace (as read); whether it
     /// is ours and unlisted is the caller's to decide.
     Existing(Job),
 }
@@ -62,7 +62,7 @@ pub enum CreateError {
     ReadExisting(#[source] kube::Error),
 }
 
-/// CR-20: creates `want` in `namespace`; on AlreadyExists reads the Job of that name there (B-8:
+/// CR-20: creates `want` in `namespace`; on AlreadyExists reads the Job of that name there (JB-8:
 /// the CronJob's namespace, not the empty one upstream used before 1.37).
 pub async fn create_job(
     writer: &Writer,

@@ -1,12 +1,12 @@
-//! `cronjob-controller`: creates Jobs on cron schedules (spec §3, CR-1..CR-32), as
-//! kube-controller-manager does, with B-7, B-8, B-11 and the DST policy B-12.
+//! `cronjob-controller`: creates Jobs on cron schedules (CR-1..CR-32), as
+//! kube-controller-manager does, with JB-7, JB-8, JB-11 and the DST policy JB-12.
 //!
 //! Wiring only: one queue (`cronjob`, keyed `namespace/name`) fed by CronJob changes and by the
 //! changes of the Jobs they control. [`sync`] is one CronJob's sync, [`plan`] its pure
 //! decisions, [`status`] the status they lead to, [`act`] its API requests. [`cli`] is the
 //! `pilothouse schedule` subcommand, on the same [`schedule`] parser and [`zone`] evaluators.
 
-// Time arithmetic must not panic (issue 17; clippy::arithmetic_side_effects is denied in the
+// Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
 // workspace lints). Tests may use plain operators on the instants they build.
 #![cfg_attr(
     test,
@@ -29,10 +29,11 @@ pub use zone::Zones;
 
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use schedule::DstPolicy;
-use shared::apierr::{Classify, ErrorKind};
-use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::informers::{INDEX_CONTROLLER_UID, by_controller_uid, object_key};
-use shared::ratelimit::BackoffConfig;
+use shared::api::apierr::{Classify, ErrorKind};
+use shared::api::ratelimit::BackoffConfig;
+use shared::cache::informers::{INDEX_CONTROLLER_UID, by_controller_uid};
+use shared::meta::keys::object_key;
+use shared::runtime::controller::{Controller, Declaration, InitError, Registration, Setup};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ pub struct CronJobOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Api(#[from] shared::apierr::Failed),
+    Api(#[from] shared::api::apierr::Failed),
     /// CR-27 Replace: an active Job could not be deleted.
     #[error("could not replace job {job}")]
     Replace {
@@ -81,9 +82,9 @@ impl Classify for Error {
     }
 }
 
-/// An API error with what the sync was doing (`shared::apierr::doing` for this crate's error).
+/// An API error with what the sync was doing (`shared::api::apierr::doing` for this crate's error).
 pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    shared::apierr::doing(what)
+    shared::api::apierr::doing(what)
 }
 
 pub fn registration(opts: CronJobOptions) -> Registration {

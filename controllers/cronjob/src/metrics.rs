@@ -1,5 +1,6 @@
-//! `cronjob_controller_job_creation_skew_duration_seconds` (spec §6) and the bundled tz database's
-//! release as `pilothouse_cronjob_tzdata_info{version}`.
+//! `cronjob_controller_job_creation_skew_duration_seconds` (the skew sample of CR-20, named and
+//! bucketed as upstream's) and the bundled tz database's release (CR-12) as
+//! `pilothouse_cronjob_tzdata_info{version}`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;

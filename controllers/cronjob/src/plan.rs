@@ -180,7 +180,7 @@ pub enum Decision {
 pub struct Plan {
     pub events: Vec<Event>,
     pub decision: Decision,
-    /// The slot a `MissSchedule` was reported for (B-11: once per slot).
+    /// The slot a `MissSchedule` was reported for (JB-11: once per slot).
     pub missed_slot: Option<Timestamp>,
 }
 
@@ -256,7 +256,7 @@ pub fn plan(
     if let Some(sds) = spec_sds(cj)
         && scheduled.checked_add(secs(sds)).is_ok_and(|d| d < now)
     {
-        // CR-25; B-11: reported once per missed slot.
+        // CR-25; JB-11: reported once per missed slot.
         if warned_slot != Some(scheduled) {
             out.events.push(Event::warning(
                 "MissSchedule",
@@ -444,18 +444,18 @@ pub fn job_for(cj: &CronJob, scheduled: Timestamp, zone: &Zone) -> Job {
 }
 
 pub fn controller_ref(cj: &CronJob) -> OwnerReference {
-    shared::refs::controller_ref(cj)
+    shared::meta::refs::controller_ref(cj)
 }
 
-/// B-7: a Job belongs to a CronJob only through a controller reference naming kind `CronJob` in
+/// JB-7: a Job belongs to a CronJob only through a controller reference naming kind `CronJob` in
 /// group `batch` and the CronJob's UID.
 pub fn controlled_by(job: &Job, cj_uid: &str) -> bool {
-    shared::refs::is_controlled_by_kind::<CronJob>(&job.metadata, cj_uid)
+    shared::meta::refs::is_controlled_by_kind::<CronJob>(&job.metadata, cj_uid)
 }
 
 /// `status.active` entry for a Job (`ref.GetReference`).
 pub fn job_reference(job: &Job) -> ObjectReference {
-    shared::refs::object_reference(job)
+    shared::meta::refs::object_reference(job)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Issue 17 §1: the CronJob plan at the API-valid extremes, as properties. Schedules the API
+//! PX-1: the CronJob plan at the API-valid extremes, as properties. Schedules the API
 //! server accepts (five fields, descriptors, `@every` up to Go's largest duration, dates that
 //! never come such as 30 February), IANA zones with odd offsets and DST rules, times anywhere in
 //! `metav1.Time`'s range (years 0001..9999), `startingDeadlineSeconds` from 0 to i64::MAX and

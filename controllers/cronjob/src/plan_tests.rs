@@ -1,4 +1,4 @@
-//! One case per CronJob rule of the spec (CR-n, B-n), no API.
+//! One case per CronJob rule (CR-n, JB-n), no API.
 
 use super::*;
 use crate::schedule::{ZoneSource, parse};

@@ -1,12 +1,12 @@
 //! Schedules as robfig/cron v3.0.1 `ParseStandard` reads them (CR-4..CR-9): the parser the API
 //! server validates with and kube-controller-manager evaluates with. Accepts, rejects and words
 //! its errors the same way; `next` evaluates either exactly as upstream or under the DST policy
-//! of B-12 ([`DstPolicy`]).
+//! of JB-12 ([`DstPolicy`]).
 
 use crate::zone::{Zone, Zones};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::CronJob;
-use shared::gocompat::{atoi, parse_duration};
+use shared::meta::gocompat::{atoi, parse_duration};
 
 const STAR: u64 = 1 << 63;
 
@@ -64,7 +64,7 @@ const DOW: Bounds = Bounds {
     ],
 };
 
-/// How daylight-saving changes treat schedule times (B-12, `--cronjob-dst-policy`).
+/// How daylight-saving changes treat schedule times (JB-12, `--cronjob-dst-policy`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum DstPolicy {
     /// Vixie cron's rule: fixed-time schedules run once for a time in a spring-forward gap (at the
@@ -85,7 +85,7 @@ pub struct Fields {
     pub dom: u64,
     pub month: u64,
     pub dow: u64,
-    /// Neither the minute nor the hour field begins with `*` or `?` (B-12's fixed-time rule).
+    /// Neither the minute nor the hour field begins with `*` or `?` (JB-12's fixed-time rule).
     pub fixed_time: bool,
 }
 
@@ -355,7 +355,7 @@ pub fn parse_for(
         zones.load(tz).map_err(|e| {
             format!(
                 "invalid timeZone: {}: {e}",
-                shared::gocompat::strconv_quote(tz)
+                shared::meta::gocompat::strconv_quote(tz)
             )
         })?;
     }

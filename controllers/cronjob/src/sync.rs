@@ -1,4 +1,4 @@
-//! One sync of one CronJob (CR-2): observe it and the Jobs it controls (B-7) in the caches,
+//! One sync of one CronJob (CR-2): observe it and the Jobs it controls (JB-7) in the caches,
 //! clean up history (CR-32), keep `active` true (CR-29), ask [`plan`] whether a time is due
 //! (CR-22..CR-28), act through [`act`], and write the status [`status`] computes, at most once.
 //! The next sync is queued for the next schedule time (CR-31). Also the change handlers (CR-3)
@@ -12,15 +12,16 @@ use crate::{Error, act, api, status};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::{CronJob, CronJobStatus, Job};
 use k8s_openapi::api::core::v1::ObjectReference;
-use shared::apierr::{is_not_found, message};
-use shared::clock::Clock;
-use shared::controller::Setup;
-use shared::events::EventRecorder;
-use shared::gocompat::strconv_quote;
-use shared::informers::{Change, INDEX_CONTROLLER_UID, Informer, object_key, split_key};
-use shared::own_writes::OwnWrites;
-use shared::queue::{Next, Queue};
-use shared::writer::Writer;
+use shared::api::apierr::{is_not_found, message};
+use shared::api::writer::Writer;
+use shared::cache::informers::{Change, INDEX_CONTROLLER_UID, Informer};
+use shared::cache::own_writes::OwnWrites;
+use shared::meta::clock::Clock;
+use shared::meta::gocompat::strconv_quote;
+use shared::meta::keys::{object_key, split_key};
+use shared::runtime::controller::Setup;
+use shared::runtime::events::EventRecorder;
+use shared::runtime::queue::{Next, Queue};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,7 +36,7 @@ const DELETING_FOR: Duration = Duration::from_secs(300);
 /// Our own status writes are remembered in [`CronJobs::own`], also by UID.
 #[derive(Debug, Default)]
 struct Memory {
-    /// B-11: the slot a `MissSchedule` was last reported for.
+    /// JB-11: the slot a `MissSchedule` was last reported for.
     missed_warned: Option<Timestamp>,
     /// Jobs we deleted (UID → when) that the cache may still hold: history cleanup skips them
     /// instead of deleting them again (a NotFound and a `FailedDelete` event each time).
@@ -72,13 +73,13 @@ fn uid(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Str
 
 /// The subject of the CronJob's events, as upstream's recorder builds it (`ref.GetReference`).
 fn cronjob_ref(cj: &CronJob) -> ObjectReference {
-    shared::refs::object_reference(cj)
+    shared::meta::refs::object_reference(cj)
 }
 
 fn controller_of(
     job: &Job,
 ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
-    shared::refs::controller_of(&job.metadata)
+    shared::meta::refs::controller_of(&job.metadata)
 }
 
 impl CronJobs {
@@ -195,7 +196,7 @@ impl CronJobs {
         }
     }
 
-    /// B-7: the Jobs in `namespace` whose controller reference is this CronJob (kind, group, UID).
+    /// JB-7: the Jobs in `namespace` whose controller reference is this CronJob (kind, group, UID).
     fn owned_jobs(&self, namespace: &str, cj_uid: &str) -> Vec<Arc<Job>> {
         self.jobs
             .by_index(INDEX_CONTROLLER_UID, cj_uid)
@@ -406,7 +407,7 @@ impl CronJobs {
                 created
             }
             Ok(act::Created::Existing(existing)) => {
-                // B-8: ours but unlisted (a lost status write) is taken back into `active`.
+                // JB-8: ours but unlisted (a lost status write) is taken back into `active`.
                 if !plan::controlled_by(&existing, cj_uid) {
                     return Ok(Next::Done);
                 }

@@ -11,8 +11,8 @@ use k8s_openapi::api::batch::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde_json::Value;
+use shared::api::writer::Call;
 use shared::testkit::{EPOCH, Kit, Running, eventually, settle};
-use shared::writer::Call;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -334,7 +334,7 @@ async fn cr27_replace_deletes_the_running_job_in_background_then_creates() {
     running.stop().await;
 }
 
-/// CR-20, B-8: the Job of the due name already exists on the server (a lost status write): it
+/// CR-20, JB-8: the Job of the due name already exists on the server (a lost status write): it
 /// is read in the CronJob's namespace and, being ours and unlisted, taken into `active` without
 /// `SuccessfulCreate`. A foreign Job holding the name stops the sync with no status write.
 #[tokio::test(start_paused = true)]

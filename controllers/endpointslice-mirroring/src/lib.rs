@@ -1,4 +1,4 @@
-//! `endpointslice-mirroring-controller` (spec `statefulset-endpointslice.md` §1, §4, §7):
+//! `endpointslice-mirroring-controller` (MR-1..MR-7):
 //! EndpointSlices mirrored from the Endpoints of Services without a selector, as
 //! kube-controller-manager 1.37 writes them.
 //!
@@ -8,7 +8,7 @@
 //! (MR-5, MR-6) are its pure decisions, [`act`] its writes; the slice tracker (MR-7) is the
 //! endpointslice controller's.
 
-// Time arithmetic must not panic (issue 17; clippy::arithmetic_side_effects is denied in the
+// Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
 // workspace lints). Tests may use plain operators on the instants they build.
 #![cfg_attr(
     test,
@@ -28,10 +28,10 @@ use endpointslice::sync::{INDEX_SERVICE, slice_by_service};
 use endpointslice::tracker::SliceTracker;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::flags::duration_arg;
-use shared::informers::object_key;
-use shared::ratelimit::BackoffConfig;
+use shared::api::ratelimit::BackoffConfig;
+use shared::meta::keys::object_key;
+use shared::process::flags::duration_arg;
+use shared::runtime::controller::{Controller, Declaration, InitError, Registration, Setup};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ pub const DECLARATION: Declaration = Declaration {
     on_by_default: true,
 };
 pub const NAME: &str = DECLARATION.name;
-/// §1.1: upstream's queue name (label `name` of `workqueue_*`).
+/// MR-2's queue, under upstream's name (label `name` of `workqueue_*`).
 pub const QUEUE: &str = "endpoint_slice_mirroring";
 
 #[derive(clap::Args, Clone, Debug)]
@@ -211,7 +211,7 @@ mod tests {
         ] {
             assert!(parse(&[bad]).is_err(), "{bad}");
         }
-        // §1.2: upstream's help text says 100; the default is 1000.
+        // MR-3's per-subset cap: upstream's help text says 100; the default is 1000.
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("Defaults to 1000"), "{help}");
         assert_eq!(

@@ -1,5 +1,5 @@
-//! The controller's metrics (spec §7) with upstream's names
-//! [pkg/controller/endpointslicemirroring/metrics/metrics.go], and the per-Endpoints totals
+//! The controller's metrics (MR-3's skipped addresses, MR-6's slice changes) with upstream's
+//! names [pkg/controller/endpointslicemirroring/metrics/metrics.go], and the per-Endpoints totals
 //! upstream keeps behind its gauges [metrics/cache.go].
 
 use crate::desired::SliceKey;

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// The `managed-by` value this controller writes (§1.1).
+/// The `managed-by` value this controller writes (MR-5).
 pub const MANAGED_BY: &str = "endpointslicemirroring-controller.k8s.io";
 /// Never mirrored (MR-5).
 pub const ANNOTATION_LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -65,7 +65,8 @@ fn mirrored_annotations(endpoints: &Endpoints) -> BTreeMap<String, String> {
 
 /// MR-5 [utils.go: newEndpointSlice]: labels = the Endpoints' labels, then service-name and
 /// managed-by; annotations = the Endpoints' but trigger-time and last-applied; one controller
-/// reference to the Endpoints; `generateName` §1.5 unless it replaces the slice `name`.
+/// reference to the Endpoints; `generateName` `<endpoints>-` (no dash if that is not a valid
+/// DNS subdomain) unless it replaces the slice `name`.
 pub fn new_slice(
     endpoints: &Endpoints,
     ports: Vec<EndpointPort>,
@@ -85,7 +86,7 @@ pub fn new_slice(
             labels: Some(labels),
             // Go's empty map is omitted on the wire.
             annotations: (!annotations.is_empty()).then_some(annotations),
-            owner_references: Some(vec![shared::refs::controller_ref(endpoints)]),
+            owner_references: Some(vec![shared::meta::refs::controller_ref(endpoints)]),
             ..ObjectMeta::default()
         },
         address_type: address_type.to_string(),
@@ -236,7 +237,7 @@ fn by_port_set(
     slice.endpoints = Some(group.endpoints.into_values().take(max.max(1)).collect());
     match kept {
         Some(first) => {
-            // B-13: a PUT carrying the cached resourceVersion cannot overwrite a change this
+            // SB-13: a PUT carrying the cached resourceVersion cannot overwrite a change this
             // replica has not seen (upstream sends none).
             slice.metadata.resource_version = first.metadata.resource_version.clone();
             out.update.push(slice);
@@ -246,7 +247,7 @@ fn by_port_set(
 }
 
 /// MR-6 [reconciler_helpers.go: recycleSlices]: per address type, each create takes the name
-/// (and, B-13, the resourceVersion) of a slice being deleted and becomes an update. Upstream
+/// (and, SB-13, the resourceVersion) of a slice being deleted and becomes an update. Upstream
 /// removes creates by name, and every create's name is empty, so with creates of both types it
 /// can drop the wrong one; we pair them by identity.
 fn recycle(plan: &mut Plan) {
@@ -436,7 +437,7 @@ mod tests {
             new_slice(&ep, vec![], "IPv4", None).metadata.annotations,
             None
         );
-        // §1.5: a name whose prefix is no valid DNS subdomain gets no dash.
+        // MR-5: a name whose prefix is no valid DNS subdomain gets no dash.
         ep.metadata.name = Some("a".repeat(253));
         assert_eq!(
             new_slice(&ep, vec![], "IPv4", None)

@@ -1,4 +1,4 @@
-//! Issue 17 §1: the mirroring plan at the API-valid extremes, as properties. Endpoints are the
+//! PX-1: the mirroring plan at the API-valid extremes, as properties. Endpoints are the
 //! user's (selectorless Services): subsets with the same address twice, in both the ready and
 //! not-ready lists, IPs that do not parse (the API server checks them, but objects written before
 //! that check exist), ports 1..65535 with names clashing across protocols, empty subsets; the

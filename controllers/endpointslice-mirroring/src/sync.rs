@@ -10,11 +10,12 @@ use endpointslice::sync::INDEX_SERVICE;
 use endpointslice::tracker::SliceTracker;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use shared::events::EventRecorder;
-use shared::informers::{Informer, split_key};
-use shared::queue::Next;
-use shared::refs::object_reference;
-use shared::writer::Writer;
+use shared::api::writer::Writer;
+use shared::cache::informers::Informer;
+use shared::meta::keys::split_key;
+use shared::meta::refs::object_reference;
+use shared::runtime::events::EventRecorder;
+use shared::runtime::queue::Next;
 use std::sync::Arc;
 
 pub struct Caches {

@@ -8,8 +8,8 @@ use crate::{DECLARATION, EndpointSliceMirroringOptions, init};
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
+use shared::api::writer::Call;
 use shared::testkit::{Kit, Running, eventually, settle};
-use shared::writer::Call;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -404,7 +404,7 @@ async fn mr6_nothing_changed_no_write() {
 }
 
 /// MR-6: a new port set drops the old key and creates the new one: written as one update of
-/// the old slice, carrying its resourceVersion (B-13).
+/// the old slice, carrying its resourceVersion (SB-13).
 #[tokio::test(start_paused = true)]
 async fn mr6_same_type_create_and_delete_is_one_update() {
     let kit = Kit::new();

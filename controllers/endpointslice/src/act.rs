@@ -8,8 +8,8 @@ use crate::plan::{Writes, name_of};
 use crate::tracker::{SliceTracker, rfc3339_nano};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
-use shared::apierr::is_namespace_terminating;
-use shared::writer::{Delete, Writer};
+use shared::api::apierr::is_namespace_terminating;
+use shared::api::writer::{Delete, Writer};
 use std::sync::Arc;
 
 /// What the writes need besides the slices.

@@ -46,7 +46,7 @@ pub fn batch_period_arg(s: &str) -> Result<BatchPeriod, String> {
     if s == "adaptive" {
         return Ok(BatchPeriod::Adaptive);
     }
-    shared::flags::duration_arg(s)
+    shared::process::flags::duration_arg(s)
         .map(BatchPeriod::Fixed)
         .map_err(|e| format!("{e} (or \"adaptive\")"))
 }
@@ -78,7 +78,7 @@ impl Batcher {
             // Within a window that began with a release: coalesce at its end, which also
             // begins the next window (so a change just after it waits too).
             Some(last) if now.saturating_duration_since(last) < ADAPTIVE_WINDOW => {
-                let at = shared::queue::far_or(last, ADAPTIVE_WINDOW);
+                let at = shared::meta::clock::far_or(last, ADAPTIVE_WINDOW);
                 released.insert(key.to_string(), at);
                 at.saturating_duration_since(now)
             }

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

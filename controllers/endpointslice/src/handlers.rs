@@ -6,8 +6,9 @@ use crate::plan::{MANAGED_BY, slice_labels};
 use crate::tracker::SliceTracker;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use shared::informers::{Change, INDEX_NAMESPACE, Informer, object_key};
-use shared::pod::Pod;
+use shared::cache::informers::{Change, INDEX_NAMESPACE, Informer};
+use shared::cache::pod::Pod;
+use shared::meta::keys::object_key;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -136,7 +137,7 @@ pub fn service_of(slice: &EndpointSlice) -> Option<String> {
     ))
 }
 
-/// ES-4 and ES-15 for slices [onEndpointSliceAdd/Update/Delete]: the Services to sync. B-12: a
+/// ES-4 and ES-15 for slices [onEndpointSliceAdd/Update/Delete]: the Services to sync. SB-12: a
 /// managed slice whose labels drifted from its Service's is news although its generation did
 /// not move.
 pub fn slice_services(

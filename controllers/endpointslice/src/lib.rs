@@ -1,4 +1,4 @@
-//! `endpointslice-controller` (spec `statefulset-endpointslice.md` §1, §3, §5): upstream's
+//! `endpointslice-controller` (ES-1..ES-21, SB-10..SB-14): upstream's
 //! EndpointSlices for every Service with a selector, written with upstream's reconcile algorithm
 //! so that the same change costs the same writes.
 //!
@@ -9,7 +9,7 @@
 //! [`topology`] and [`trafficdist`] its hints (ES-18..ES-20), [`act`] its writes and
 //! [`tracker`] its memory (ES-15, ES-17).
 
-// Time arithmetic must not panic (issue 17; clippy::arithmetic_side_effects is denied in the
+// Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
 // workspace lints). Tests may use plain operators on the instants they build.
 #![cfg_attr(
     test,
@@ -31,12 +31,13 @@ pub mod trafficdist;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use shared::apierr::{Classify, ErrorKind};
-use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::informers::{INDEX_NAMESPACE, by_namespace, object_key};
-use shared::pod::Pod;
-use shared::projection::PodFields;
-use shared::ratelimit::BackoffConfig;
+use shared::api::apierr::{Classify, ErrorKind};
+use shared::api::ratelimit::BackoffConfig;
+use shared::cache::informers::{INDEX_NAMESPACE, by_namespace};
+use shared::cache::pod::Pod;
+use shared::cache::projection::PodFields;
+use shared::meta::keys::object_key;
+use shared::runtime::controller::{Controller, Declaration, InitError, Registration, Setup};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ pub const DECLARATION: Declaration = Declaration {
     on_by_default: true,
 };
 pub const NAME: &str = DECLARATION.name;
-/// §1.1: upstream's queue name (label `name` of `workqueue_*`).
+/// ES-3's queue, under upstream's name (label `name` of `workqueue_*`).
 pub const QUEUE: &str = "endpoint_slice";
 /// The topology queue (unnamed upstream, so it had no metrics).
 pub const TOPOLOGY_QUEUE: &str = "endpoint_slice_topology";
@@ -63,7 +64,7 @@ pub struct EndpointSliceOptions {
     /// The length of endpoint slice updates batching period. Processing of pod changes will be delayed by this duration to join them with potential upcoming updates and reduce the overall number of endpoints updates. Pilothouse's default, `adaptive`, writes an isolated change at once and coalesces a burst into one sync per second per Service (kube-controller-manager's default is 0s: every change written at once).
     #[arg(long, default_value = "adaptive", value_parser = batching::batch_period_arg)]
     pub endpointslice_updates_batch_period: batching::BatchPeriod,
-    /// Pilothouse (B-10): delete the EndpointSlices of a Service whose selector was removed, instead of keeping them frozen as kube-controller-manager does.
+    /// Pilothouse (SB-10): delete the EndpointSlices of a Service whose selector was removed, instead of keeping them frozen as kube-controller-manager does.
     #[arg(long, default_value_t = false)]
     pub endpointslice_delete_on_selector_removal: bool,
 }
@@ -71,7 +72,7 @@ pub struct EndpointSliceOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Api(#[from] shared::apierr::Failed),
+    Api(#[from] shared::api::apierr::Failed),
     /// ES-15 (MR-7 for mirroring): the slice cache has not caught up with this controller's
     /// writes.
     #[error("{0}")]
@@ -94,7 +95,7 @@ impl Classify for Error {
 
 /// An API error with what the sync was doing.
 pub fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    shared::apierr::doing(what)
+    shared::api::apierr::doing(what)
 }
 
 pub fn registration(opts: EndpointSliceOptions) -> Registration {
@@ -113,7 +114,7 @@ pub fn init(opts: EndpointSliceOptions, setup: Setup) -> Result<Box<dyn Controll
     slices.add_index(sync::INDEX_SERVICE, sync::slice_by_service);
     let nodes = setup.informers.get::<Node>();
     let mut wiring = setup.wiring();
-    // ES-3: 1 s doubling to 1000 s, max'd with a 10 qps / 100 bucket; never dropped (B-11).
+    // ES-3: 1 s doubling to 1000 s, max'd with a 10 qps / 100 bucket; never dropped (SB-11).
     let queue = wiring.queue(
         QUEUE,
         BackoffConfig {
@@ -149,7 +150,7 @@ pub fn init(opts: EndpointSliceOptions, setup: Setup) -> Result<Box<dyn Controll
     let (b, q) = (Arc::clone(&batcher), Arc::clone(&queue));
     wiring.on_change(&services, move |change| {
         let key = object_key(change.object().as_ref());
-        if let shared::informers::Change::Deleted(_) = change {
+        if let shared::cache::informers::Change::Deleted(_) = change {
             b.forget(&key);
         }
         q.add(key);
@@ -194,7 +195,7 @@ pub fn init(opts: EndpointSliceOptions, setup: Setup) -> Result<Box<dyn Controll
             for key in c.topology_changed() {
                 q.add(key);
             }
-            Ok::<_, Error>(shared::queue::Next::Done)
+            Ok::<_, Error>(shared::runtime::queue::Next::Done)
         }
     });
     wiring.workers(

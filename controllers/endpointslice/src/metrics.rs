@@ -1,5 +1,6 @@
-//! The controller's metrics (spec §7), with upstream's names (`endpointslice/metrics`), and the
-//! efficiency totals upstream keeps in its metrics cache [metrics/cache.go].
+//! The controller's metrics (ES-14's writes, ES-15's stale syncs), with upstream's names
+//! (`endpointslice/metrics`), and the efficiency totals upstream keeps in its metrics cache
+//! [metrics/cache.go].
 
 use crate::endpoints::PortKey;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -166,7 +167,7 @@ impl Metrics {
         );
         registry.register(
             "pilothouse_endpointslice_retained_slices",
-            "EndpointSlices kept for a Service whose selector was removed (B-10)",
+            "EndpointSlices kept for a Service whose selector was removed (SB-10)",
             m.retained.clone(),
         );
         m

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// The `managed-by` value this controller writes (§1.1).
+/// The `managed-by` value this controller writes (ES-7).
 pub const MANAGED_BY: &str = "endpointslice-controller.k8s.io";
 
 /// What one address type of a Service needs written, before hints (upstream's `SliceInfo`
@@ -246,7 +246,7 @@ pub fn new_slice(svc: &Service, ports: Vec<EndpointPort>, address_type: &str) ->
             generate_name: Some(slice_prefix(name)),
             namespace: svc.metadata.namespace.clone(),
             labels: Some(labels),
-            owner_references: Some(vec![shared::refs::controller_ref(svc)]),
+            owner_references: Some(vec![shared::meta::refs::controller_ref(svc)]),
             ..ObjectMeta::default()
         },
         address_type: address_type.to_string(),
@@ -255,7 +255,7 @@ pub fn new_slice(svc: &Service, ports: Vec<EndpointPort>, address_type: &str) ->
     }
 }
 
-/// §1.5 [getEndpointSlicePrefix]: `<service>-`, or the bare name if that is not a valid DNS
+/// ES-6 [getEndpointSlicePrefix]: `<service>-`, or the bare name if that is not a valid DNS
 /// subdomain (too long).
 pub fn slice_prefix(service: &str) -> String {
     let prefix = format!("{service}-");
@@ -360,7 +360,7 @@ pub struct Writes {
 }
 
 /// ES-14 step 10 [finalize]: each doomed slice of the Service absorbs a create of its address
-/// type, written as an update under the doomed name. B-13: that update carries the doomed
+/// type, written as an update under the doomed name. SB-13: that update carries the doomed
 /// slice's cached resourceVersion, so it cannot overwrite a change this replica has not seen.
 pub fn finalize(
     svc: &Service,

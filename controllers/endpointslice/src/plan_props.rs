@@ -1,4 +1,4 @@
-//! Issue 17 §1: the EndpointSlice plan at the API-valid extremes, as properties. Services with
+//! PX-1: the EndpointSlice plan at the API-valid extremes, as properties. Services with
 //! ports 1..65535 (the same number under several protocols, target ports as numbers or names that
 //! no container declares), pods with IPs that do not parse, IPs of the other family, no IP,
 //! duplicate container port names, nodes that do not exist, any phase and readiness; slices of
@@ -9,7 +9,7 @@ use crate::endpoints::{IPV4, IPV6, desired};
 use k8s_openapi::api::core::v1::{Node, Service};
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
 
 fn port_number() -> impl Strategy<Value = i64> {
     prop_oneof![Just(1i64), Just(65535), 1..=65535i64]

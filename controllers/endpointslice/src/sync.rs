@@ -11,12 +11,13 @@ use crate::tracker::{SliceTracker, TriggerTimes};
 use crate::{Error, trafficdist};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use shared::events::EventRecorder;
-use shared::informers::{INDEX_NAMESPACE, Informer, split_key};
-use shared::pod::Pod;
-use shared::queue::Next;
-use shared::refs::object_reference;
-use shared::writer::Writer;
+use shared::api::writer::Writer;
+use shared::cache::informers::{INDEX_NAMESPACE, Informer};
+use shared::cache::pod::Pod;
+use shared::meta::keys::split_key;
+use shared::meta::refs::object_reference;
+use shared::runtime::events::EventRecorder;
+use shared::runtime::queue::Next;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -38,7 +39,7 @@ pub struct Caches {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub max_endpoints_per_slice: usize,
-    /// B-10: delete the slices of a Service whose selector was removed.
+    /// SB-10: delete the slices of a Service whose selector was removed.
     pub delete_on_selector_removal: bool,
 }
 
@@ -51,7 +52,7 @@ pub struct EndpointSlices {
     tracker: Arc<SliceTracker>,
     triggers: TriggerTimes,
     topology: Arc<TopologyCache>,
-    /// B-10: slices retained per selectorless Service, as last reported.
+    /// SB-10: slices retained per selectorless Service, as last reported.
     retained: Mutex<HashMap<String, usize>>,
 }
 
@@ -344,7 +345,7 @@ impl EndpointSlices {
         )
     }
 
-    /// ES-21 and B-10: a Service without a selector keeps the slices it had, frozen, as
+    /// ES-21 and SB-10: a Service without a selector keeps the slices it had, frozen, as
     /// upstream does; we say so on the Service and in a gauge, or delete them when asked to.
     async fn selector_removed(&self, svc: &Service, key: &str) -> Result<Next, Error> {
         let slices = self.managed_slices(key);
@@ -386,7 +387,7 @@ impl EndpointSlices {
         Ok(Next::Done)
     }
 
-    /// Records the retained count (B-10 gauge); returns the previous one.
+    /// Records the retained count (SB-10 gauge); returns the previous one.
     fn set_retained(&self, key: &str, count: usize) -> usize {
         let mut all = self.retained.lock().unwrap_or_else(|p| p.into_inner());
         let before = if count == 0 {

@@ -7,9 +7,9 @@ use crate::{DECLARATION, EndpointSliceOptions, init};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
-use shared::pod::Pod;
+use shared::api::writer::Call;
+use shared::cache::pod::Pod;
 use shared::testkit::{Kit, Running, eventually, settle};
-use shared::writer::Call;
 use std::time::Duration;
 
 fn options(max: u32) -> EndpointSliceOptions {
@@ -413,7 +413,7 @@ async fn es14_slices_of_a_recreated_service_are_replaced() {
     assert_eq!(new.metadata.owner_references.unwrap()[0].uid, "uid-svc-2");
 }
 
-/// B-13: a doomed slice reused for a create is replaced under its cached resourceVersion.
+/// SB-13: a doomed slice reused for a create is replaced under its cached resourceVersion.
 #[tokio::test(start_paused = true)]
 async fn b13_recycled_slice_carries_its_resource_version() {
     let kit = Kit::new();
@@ -458,7 +458,7 @@ fn service_with_other_ports() -> Service {
     s
 }
 
-/// B-12: a label added to a managed slice by someone else is removed, although the slice's
+/// SB-12: a label added to a managed slice by someone else is removed, although the slice's
 /// generation did not move.
 #[tokio::test(start_paused = true)]
 async fn b12_label_drift_is_reverted() {
@@ -493,7 +493,7 @@ async fn b12_label_drift_is_reverted() {
     );
 }
 
-/// B-10: a Service losing its selector keeps its slices, with a Warning and the gauge.
+/// SB-10: a Service losing its selector keeps its slices, with a Warning and the gauge.
 #[tokio::test(start_paused = true)]
 async fn b10_selector_removal_keeps_slices_and_warns() {
     let kit = Kit::new();
@@ -524,7 +524,7 @@ async fn b10_selector_removal_keeps_slices_and_warns() {
     );
 }
 
-/// B-10 with `--endpointslice-delete-on-selector-removal`: the slices are deleted.
+/// SB-10 with `--endpointslice-delete-on-selector-removal`: the slices are deleted.
 #[tokio::test(start_paused = true)]
 async fn b10_flag_deletes_slices_of_a_selectorless_service() {
     let kit = Kit::new();
@@ -586,7 +586,7 @@ async fn es10_port_sets_and_sidecar_ports() {
         c.restart_policy = Some("Always".into());
         vec![c]
     });
-    spec.containers = vec![shared::pod::Container {
+    spec.containers = vec![shared::cache::pod::Container {
         name: "main".into(),
         ..Default::default()
     }];
@@ -773,7 +773,7 @@ fn series_value(kit: &Kit, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// B-11, ES-3: a Service whose sync keeps failing (every slice create answered 500) is never
+/// SB-11, ES-3: a Service whose sync keeps failing (every slice create answered 500) is never
 /// dropped. Through the real reconcile, the runtime's workers and the queue as `init` declares
 /// it, each of 22 consecutive failing syncs is followed by another attempt, the per-item
 /// backoff doubling from 1 s (1, 2, …, 512 s) and then staying at the 1000 s cap; once the API

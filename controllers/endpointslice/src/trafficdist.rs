@@ -476,8 +476,8 @@ mod tests {
                 want_unchanged: vec![slice(vec![rdy_zn("zone-a", "node-1")])],
             },
             // Upstream skips not-ready endpoints in `update`, so a stale hint on one survives
-            // when its slice is rewritten for another reason (the spec's "carry none" holds for
-            // endpoints the reconciler builds, which never carry hints).
+            // when its slice is rewritten for another reason (ES-20's "not-ready endpoints carry
+            // none" holds for endpoints the reconciler builds, which never carry hints).
             Case {
                 name: "es20_not_ready_endpoint_hints_left_as_they_are",
                 dist: Some(PREFER_CLOSE),

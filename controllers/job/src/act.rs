@@ -15,11 +15,11 @@ use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use serde_json::json;
-use shared::apierr::{is_already_exists, is_not_found};
-use shared::claim;
-use shared::pod::Pod;
-use shared::refs::controller_ref;
-use shared::writer::{Delete, PatchKind, Writer};
+use shared::api::apierr::{is_already_exists, is_not_found};
+use shared::api::writer::{Delete, PatchKind, Writer};
+use shared::cache::pod::Pod;
+use shared::meta::refs::controller_ref;
+use shared::runtime::claim;
 
 /// The API server's `MaxGeneratedNameLength` (63 − 5 random characters).
 const MAX_GENERATED_NAME_LENGTH: usize = 58;
@@ -168,7 +168,7 @@ pub async fn adopt_pod(writer: &Writer, job: &Job, pod: &Pod) -> Result<(), kube
 }
 
 /// JR-63: release a pod that no longer matches (owner reference and finalizer in one patch).
-/// The caller decides which errors are no error (`shared::claim::release_error_ignored`).
+/// The caller decides which errors are no error (`shared::runtime::claim::release_error_ignored`).
 pub async fn release_pod(writer: &Writer, job: &Job, pod: &Pod) -> Result<(), kube::Error> {
     let uid = job.metadata.uid.as_deref().unwrap_or_default();
     let patch = claim::release_patch(uid, pods::uid(pod), &[TRACKING_FINALIZER]);

@@ -1,13 +1,14 @@
 //! JR-63: claiming pods by `spec.selector` with the Job's tracking finalizer, as upstream
-//! `ControllerRefManager.ClaimPods` (the decisions are `shared::claim`'s).
+//! `ControllerRefManager.ClaimPods` (the decisions are `shared::runtime::claim`'s).
 
 use crate::sync::Jobs;
 use crate::{Error, act, api, pods};
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
-use shared::claim;
-use shared::informers::{INDEX_CONTROLLER_UID, object_key};
-use shared::pod::Pod;
+use shared::cache::informers::INDEX_CONTROLLER_UID;
+use shared::cache::pod::Pod;
+use shared::meta::keys::object_key;
+use shared::runtime::claim;
 use std::sync::Arc;
 
 impl Jobs {
@@ -20,9 +21,9 @@ impl Jobs {
         let selector = job.spec.as_ref().and_then(|s| s.selector.as_ref());
         // A selector that does not parse would otherwise release every pod: fail first, as
         // upstream's `LabelSelectorAsSelector`.
-        shared::selector::matches(selector, None).map_err(|e| Error::Claim(e.to_string()))?;
+        shared::meta::selector::matches(selector, None).map_err(|e| Error::Claim(e.to_string()))?;
         let matches = |p: &Pod| {
-            shared::selector::matches(selector, p.metadata.labels.as_ref()).unwrap_or(false)
+            shared::meta::selector::matches(selector, p.metadata.labels.as_ref()).unwrap_or(false)
         };
         let candidates = self
             .pods
@@ -30,7 +31,7 @@ impl Jobs {
             .into_iter()
             .chain(
                 self.pods
-                    .by_index(shared::informers::INDEX_ORPHAN_NAMESPACE, &ns),
+                    .by_index(shared::cache::informers::INDEX_ORPHAN_NAMESPACE, &ns),
             );
         let claims = claim::partition::<Pod, _>(&job.metadata, candidates, matches);
         let mut failed: Option<Error> = None;

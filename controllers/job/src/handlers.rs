@@ -7,8 +7,9 @@ use crate::sync::{Jobs, external_manager, pod_controller, uid_of};
 use crate::{OrphanKey, plan, pods};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use shared::informers::{Change, INDEX_NAMESPACE, object_key};
-use shared::pod::Pod;
+use shared::cache::informers::{Change, INDEX_NAMESPACE};
+use shared::cache::pod::Pod;
+use shared::meta::keys::object_key;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,7 +59,7 @@ impl Jobs {
             .by_index(INDEX_NAMESPACE, ns)
             .into_iter()
             .filter(|j| {
-                shared::selector::matches(
+                shared::meta::selector::matches(
                     j.spec.as_ref().and_then(|s| s.selector.as_ref()),
                     pod.metadata.labels.as_ref(),
                 )

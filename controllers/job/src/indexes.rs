@@ -196,7 +196,7 @@ mod tests {
         assert_eq!(Intervals::parse("7,8", 5).total(), 0);
     }
 
-    /// Issue 17: ranges up to i32::MAX - 1 (completions may be i32::MAX) are counted, skipped
+    /// PX-1: ranges up to i32::MAX - 1 (completions may be i32::MAX) are counted, skipped
     /// and intersected by interval, never index by index; repeated ranges do not overflow.
     #[test]
     fn huge_ranges_are_handled_by_interval() {

@@ -1,13 +1,14 @@
 //! `job-controller`: runs pods for Jobs and tracks them with the `batch.kubernetes.io/job-tracking`
-//! finalizer (spec §2, JR-1..JR-65), as kube-controller-manager does, with the spec's §4 fixes.
+//! finalizer (JR-1..JR-65), as kube-controller-manager does, with Pilothouse's fixes over
+//! upstream (JB-1..JB-6, JB-9, JB-10).
 //!
 //! Wiring only. Two queues as upstream: `job` (keyed `namespace/name`) and `job_orphan_pod` (a
 //! pod, or all pods of a Job UID, whose finalizer may have to go). `handlers` map cache changes to
 //! keys, [`sync`] is one Job's (or orphan's) sync, [`plan`] its pure decisions, [`act`] and
 //! `manage` its API requests, `tracking` the finalizer protocol's writes, [`validation`] the
-//! check of every status write (B-2).
+//! check of every status write (JB-2).
 
-// Time arithmetic must not panic (issue 17; clippy::arithmetic_side_effects is denied in the
+// Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
 // workspace lints). Tests may use plain operators on the instants they build.
 #![cfg_attr(
     test,
@@ -30,15 +31,15 @@ mod tracking;
 pub mod validation;
 
 use k8s_openapi::api::batch::v1::Job;
-use shared::apierr::{Classify, ErrorKind};
-use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::informers::{
+use shared::api::apierr::{Classify, ErrorKind};
+use shared::api::ratelimit::BackoffConfig;
+use shared::cache::informers::{
     INDEX_CONTROLLER_UID, INDEX_NAMESPACE, INDEX_ORPHAN_NAMESPACE, by_controller_uid, by_namespace,
     orphan_by_namespace,
 };
-use shared::pod::Pod;
-use shared::projection::PodFields;
-use shared::ratelimit::BackoffConfig;
+use shared::cache::pod::Pod;
+use shared::cache::projection::PodFields;
+use shared::runtime::controller::{Controller, Declaration, InitError, Registration, Setup};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,7 +55,7 @@ pub const QUEUE: &str = "job";
 pub const ORPHAN_QUEUE: &str = "job_orphan_pod";
 /// The reserved `spec.managedBy` value of this controller.
 pub const MANAGED_BY: &str = "kubernetes.io/job-controller";
-/// B-4: how often pods carrying our finalizer are checked for a Job that is gone or finished.
+/// JB-4: how often pods carrying our finalizer are checked for a Job that is gone or finished.
 const SWEEP_PERIOD: Duration = Duration::from_secs(60);
 
 #[derive(clap::Args, Clone, Debug)]
@@ -67,7 +68,7 @@ pub struct JobOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Api(#[from] shared::apierr::Failed),
+    Api(#[from] shared::api::apierr::Failed),
     #[error("status write for {key} refused locally, it would be invalid: {violations}")]
     InvalidStatus { key: String, violations: String },
     #[error("the cache has not yet observed this controller's last write to {0}")]
@@ -86,9 +87,9 @@ impl Classify for Error {
     }
 }
 
-/// An API error with what the sync was doing (`shared::apierr::doing` for this crate's error).
+/// An API error with what the sync was doing (`shared::api::apierr::doing` for this crate's error).
 pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    shared::apierr::doing(what)
+    shared::api::apierr::doing(what)
 }
 
 /// Orphan-queue keys (upstream `orphanPodKey`): one pod, or every pod a Job UID controls.
@@ -154,7 +155,7 @@ pub fn init(opts: JobOptions, setup: Setup) -> Result<Box<dyn Controller>, InitE
     let c = Arc::clone(&ctl);
     wiring.on_start(move || {
         for job in c.jobs.list() {
-            c.queue.add(shared::informers::object_key(job.as_ref()));
+            c.queue.add(shared::meta::keys::object_key(job.as_ref()));
         }
         c.sweep();
     });

@@ -9,8 +9,8 @@ use crate::{Error, act, api, pods};
 use futures::future::join_all;
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
-use shared::informers::object_key;
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
+use shared::meta::keys::object_key;
 
 impl Jobs {
     /// Performs the pod action; returns what happened and the first error.
@@ -135,7 +135,7 @@ impl Jobs {
                         );
                     }
                     // The namespace is going away: nothing more will be created, nothing to say.
-                    Err(e) if shared::apierr::is_namespace_terminating(&e) => {}
+                    Err(e) if shared::api::apierr::is_namespace_terminating(&e) => {}
                     Err(e) => {
                         failed += 1;
                         batch_failed = true;
@@ -163,7 +163,7 @@ impl Jobs {
             }
             batch *= 2;
         }
-        // B-6: each attempt counted once.
+        // JB-6: each attempt counted once.
         for (status, n) in [("succeeded", ok), ("failed", failed)] {
             if n > 0 {
                 self.metrics

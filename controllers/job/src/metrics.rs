@@ -1,4 +1,6 @@
-//! Upstream's `job_controller_*` metrics (spec §6) and Pilothouse's own `pilothouse_job_*`.
+//! Upstream's `job_controller_*` metrics, with upstream's names, types and labels (JR-8, JR-31,
+//! JR-36, JR-37, JR-46, JR-51 and JB-6 say what several of them count), and Pilothouse's own
+//! `pilothouse_job_*` (JB-2, JB-4).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

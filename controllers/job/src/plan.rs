@@ -1,4 +1,4 @@
-//! Pure decisions of one Job sync (spec §2), in upstream's order (JR-47):
+//! Pure decisions of one Job sync, in upstream's order (JR-47):
 //!
 //! 1. [`evaluate`]: counters, the pending finishing condition and the pod action;
 //! 2. the caller performs the pod action and reports an [`Outcome`];
@@ -15,7 +15,7 @@ use crate::policy::{self, Action, BackoffRecord};
 use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus, UncountedTerminatedPods};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;

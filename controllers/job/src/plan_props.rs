@@ -1,4 +1,4 @@
-//! Issue 17 §1: the Job plan at the API-valid extremes of every field it reads, as properties.
+//! PX-1: the Job plan at the API-valid extremes of every field it reads, as properties.
 //! Generators produce only objects the API server accepts (batch/v1 validation: completions,
 //! parallelism, backoffLimit, backoffLimitPerIndex ≥ 0; activeDeadlineSeconds > 0; Indexed
 //! completions and parallelism ≤ 10⁵ when backoffLimitPerIndex is set; status counters ≥ 0;

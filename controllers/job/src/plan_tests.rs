@@ -1,4 +1,4 @@
-//! Table tests of the Job plan, one group per spec rule (JR-n, B-n).
+//! Table tests of the Job plan, one group per rule (JR-n, JB-n).
 
 use super::*;
 use crate::pods::testing::{P, pod, ts};

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
 use std::cmp::Ordering;
 
 pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
@@ -278,7 +278,7 @@ pub(crate) mod testing {
     use super::*;
     use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, PodCondition};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-    use shared::pod::{PodSpec, PodStatus};
+    use shared::cache::pod::{PodSpec, PodStatus};
 
     pub fn ts(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).unwrap()

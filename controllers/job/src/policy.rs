@@ -7,12 +7,12 @@ use k8s_openapi::api::batch::v1::{
 };
 use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::jiff::Timestamp;
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
 use std::time::Duration;
 
 /// JR-34: the first delay; it doubles per failure up to [`MAX_POD_FAILURE_BACKOFF`].
 pub const DEFAULT_POD_FAILURE_BACKOFF: Duration = Duration::from_secs(10);
-/// Upstream's `MaxJobPodFailureBackOff` (the code says 10 min; older docs say 6, B-9).
+/// Upstream's `MaxJobPodFailureBackOff` (the code says 10 min; older docs say 6, JB-9).
 pub const MAX_POD_FAILURE_BACKOFF: Duration = Duration::from_secs(600);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

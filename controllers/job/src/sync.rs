@@ -1,7 +1,7 @@
 //! One sync of one Job: observe the Job and its pods in the caches (claiming them, `claim`), ask
 //! [`plan`] what to do, manage pods (`manage`) and write status through the finalizer protocol
 //! (`tracking`); and one sync of an orphan-queue key (JR-61). Also what the controller remembers
-//! of each Job, by UID, so a same-name successor starts clean (B-3).
+//! of each Job, by UID, so a same-name successor starts clean (JB-3).
 
 use crate::metrics::{GroupResourceLabels, Metrics, SyncLabels};
 use crate::plan::{self, Observed, PodAction};
@@ -10,21 +10,22 @@ use crate::{Error, MANAGED_BY, OrphanKey, act, api, handlers, pods, policy};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use shared::clock::Clock;
-use shared::controller::Setup;
-use shared::events::EventRecorder;
-use shared::expectations::Expectations;
-use shared::informers::{INDEX_CONTROLLER_UID, Informer, object_key};
-use shared::own_writes::OwnWrites;
-use shared::pod::Pod;
-use shared::queue::{Next, Queue};
-use shared::writer::Writer;
+use shared::api::writer::Writer;
+use shared::cache::expectations::Expectations;
+use shared::cache::informers::{INDEX_CONTROLLER_UID, Informer};
+use shared::cache::own_writes::OwnWrites;
+use shared::cache::pod::Pod;
+use shared::meta::clock::Clock;
+use shared::meta::keys::object_key;
+use shared::runtime::controller::Setup;
+use shared::runtime::events::EventRecorder;
+use shared::runtime::queue::{Next, Queue};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// B-4: retry cadence of failed finalizer removals.
+/// JB-4: retry cadence of failed finalizer removals.
 const RM_RETRY_BASE: Duration = Duration::from_secs(1);
 const RM_RETRY_MAX: Duration = Duration::from_secs(10);
 
@@ -38,7 +39,7 @@ pub(crate) struct Memory {
     pub backoff: policy::BackoffRecord,
     /// JR-7: we wrote a terminal condition the cache has not shown yet.
     pub finished: bool,
-    /// B-4: consecutive syncs with failed finalizer removals.
+    /// JB-4: consecutive syncs with failed finalizer removals.
     pub rm_failures: u32,
 }
 
@@ -60,7 +61,7 @@ pub struct Jobs {
     pub(crate) events: EventRecorder,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) metrics: Metrics,
-    /// JR-21: pod create/delete expectations, by Job UID (B-3).
+    /// JR-21: pod create/delete expectations, by Job UID (JB-3).
     pub(crate) expectations: Expectations,
     memory: Mutex<HashMap<String, Memory>>,
     /// JR-8: the versions our status writes replaced; a sync from one of them is deferred.
@@ -69,7 +70,7 @@ pub struct Jobs {
 
 /// The subject of the Job's events, as upstream's recorder builds it (`ref.GetReference`).
 pub(crate) fn job_ref(job: &Job) -> ObjectReference {
-    shared::refs::object_reference(job)
+    shared::meta::refs::object_reference(job)
 }
 
 pub(crate) fn external_manager(job: &Job) -> Option<&str> {
@@ -84,7 +85,7 @@ pub(crate) fn uid_of(job: &Job) -> String {
 }
 
 pub(crate) fn pod_controller(pod: &Pod) -> Option<&OwnerReference> {
-    shared::refs::controller_of(&pod.metadata)
+    shared::meta::refs::controller_of(&pod.metadata)
 }
 
 impl Jobs {
@@ -180,10 +181,10 @@ impl Jobs {
             );
             return Ok(Next::Done);
         }
-        // Issue 17: a selector this controller cannot evaluate (one the API server would not
+        // PX-3: a selector this controller cannot evaluate (one the API server would not
         // accept; `spec.selector` is immutable) is a Warning naming the field, not a retry loop.
         let selector = job.spec.as_ref().and_then(|s| s.selector.as_ref());
-        if let Err(e) = shared::selector::matches(selector, None) {
+        if let Err(e) = shared::meta::selector::matches(selector, None) {
             self.events.warning(
                 &job_ref(&job),
                 "InvalidSelector",
@@ -249,7 +250,7 @@ impl Jobs {
         let tracking = plan::track(&obs, &eval, needs_update);
         match self.flush(&obs, &eval, tracking).await {
             Err(FlushError::Finalizers(e)) => {
-                // B-4: rejected finalizer removals retry on their own cadence (1 s doubling to
+                // JB-4: rejected finalizer removals retry on their own cadence (1 s doubling to
                 // 10 s), not the queue's (up to 60 s), so pods are released soon after an
                 // admission webhook stops rejecting. Status progress was already written.
                 let n = self.remember(&uid, |m| {
@@ -257,7 +258,7 @@ impl Jobs {
                     m.rm_failures
                 });
                 tracing::warn!(error = %e, attempt = n, "tracking finalizer removal failed; will retry");
-                requeue(shared::ratelimit::backoff_delay(
+                requeue(shared::api::ratelimit::backoff_delay(
                     RM_RETRY_BASE,
                     RM_RETRY_MAX,
                     n - 1,
@@ -272,7 +273,7 @@ impl Jobs {
         }
     }
 
-    /// B-4: pods with our finalizer whose Job is gone or finished go to the orphan queue.
+    /// JB-4: pods with our finalizer whose Job is gone or finished go to the orphan queue.
     pub fn sweep(&self) {
         for pod in self.pods.by_index(handlers::INDEX_TRACKING, "") {
             let ns = pod.metadata.namespace.as_deref().unwrap_or_default();

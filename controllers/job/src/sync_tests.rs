@@ -13,9 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, ObjectMeta, OwnerReference, Time,
 };
 use serde_json::{Value, json};
-use shared::pod::Pod;
+use shared::api::writer::Call;
+use shared::cache::pod::Pod;
 use shared::testkit::{EPOCH, Kit, Running, api_error, eventually};
-use shared::writer::Call;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -60,7 +60,7 @@ fn job(parallelism: i32, completions: i32) -> Job {
 /// A pod of `job` (controller reference, labels, finalizer), as the watch delivers it.
 fn owned(p: P, job: &Job) -> Pod {
     let mut p = p.build();
-    p.metadata.owner_references = Some(vec![shared::refs::controller_ref(job)]);
+    p.metadata.owner_references = Some(vec![shared::meta::refs::controller_ref(job)]);
     p.metadata.labels = Some(labels());
     p.metadata.resource_version = Some("1".into());
     p
@@ -446,7 +446,7 @@ async fn jr34_a_failure_delays_the_replacement() {
     running.stop().await;
 }
 
-/// JR-61, B-4: on taking over (and every 60 s), the sweep finds a pod with our finalizer and no controller and
+/// JR-61, JB-4: on taking over (and every 60 s), the sweep finds a pod with our finalizer and no controller and
 /// removes the finalizer; a pod of another controller kind is left alone.
 #[tokio::test(start_paused = true)]
 async fn jr61_orphan_sweep_releases_finalizers_of_uncontrolled_pods_only() {
@@ -549,7 +549,7 @@ async fn jr63_releases_what_stopped_matching_and_adopts_matching_orphans() {
     assert_eq!(
         patches[1].1,
         json!({"metadata": {
-            "ownerReferences": [serde_json::to_value(shared::refs::controller_ref(&j)).unwrap()],
+            "ownerReferences": [serde_json::to_value(shared::meta::refs::controller_ref(&j)).unwrap()],
             "finalizers": [REMOVE_FINALIZER],
             "uid": "uid-orphan",
         }})
@@ -584,7 +584,7 @@ async fn jr63_releases_what_stopped_matching_and_adopts_matching_orphans() {
     running.stop().await;
 }
 
-/// Issue 17: `bad` gets one Warning `reason` whose message starts with `message` and nothing
+/// PX-3: `bad` gets one Warning `reason` whose message starts with `message` and nothing
 /// else (no writes, no retries, 30 s on), while a Job beside it is synced: its one pod is the
 /// only create.
 async fn warned_once_and_left_alone(bad: Job, reason: &str, message: &str) {
@@ -631,7 +631,7 @@ async fn warned_once_and_left_alone(bad: Job, reason: &str, message: &str) {
     running.stop().await;
 }
 
-/// Issue 17 bad input: a selector the API would not produce gets a Warning naming the field, no
+/// PX-3, bad input: a selector the API would not produce gets a Warning naming the field, no
 /// writes and no retries; another Job is synced as usual.
 #[tokio::test(start_paused = true)]
 async fn an_invalid_selector_is_a_warning_naming_the_field() {

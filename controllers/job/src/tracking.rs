@@ -1,6 +1,6 @@
-//! The finalizer protocol's writes (JR-26 steps 5–8): status PUTs checked first (B-2, JR-54),
+//! The finalizer protocol's writes (JR-26 steps 5–8): status PUTs checked first (JB-2, JR-54),
 //! finalizer removals, the terminal condition with its event and metrics (JR-51), and failed
-//! removals named and counted (B-4).
+//! removals named and counted (JB-4).
 
 use crate::metrics::{ActionLabel, FinishedLabels, IndexesLabels, PodsFinishedLabels, ReasonLabel};
 use crate::plan::{self, Evaluation, Observed};
@@ -8,11 +8,11 @@ use crate::sync::{Jobs, job_ref, uid_of};
 use crate::{Error, act, api, indexes, pods, validation};
 use futures::future::join_all;
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
-use shared::informers::object_key;
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
+use shared::meta::keys::object_key;
 
 impl Jobs {
-    /// B-2 then JR-54: checks the status and PUTs it over `current`.
+    /// JB-2 then JR-54: checks the status and PUTs it over `current`.
     async fn write_status(&self, current: &Job, status: &JobStatus) -> Result<Job, Error> {
         let key = object_key(current);
         let violations = validation::violations(current, status);
@@ -213,14 +213,14 @@ impl Jobs {
             .inc();
     }
 
-    /// B-4: a failed finalizer removal is counted, and named in a Warning event (on the Job, or
+    /// JB-4: a failed finalizer removal is counted, and named in a Warning event (on the Job, or
     /// on the pod when the Job is gone).
     pub(crate) fn finalizer_failure(&self, job: Option<&Job>, failures: &[(&Pod, kube::Error)]) {
         for (_, e) in failures {
             self.metrics
                 .finalizer_removal_failures
                 .get_or_create(&ReasonLabel {
-                    reason: shared::apierr::error_reason(e),
+                    reason: shared::api::apierr::error_reason(e),
                 })
                 .inc();
         }
@@ -235,7 +235,7 @@ impl Jobs {
         );
         let regarding = match job {
             Some(j) => job_ref(j),
-            None => shared::events::core_ref("Pod", &object_key(*pod)),
+            None => shared::runtime::events::core_ref("Pod", &object_key(*pod)),
         };
         self.events.warning(
             &regarding,
@@ -246,7 +246,7 @@ impl Jobs {
     }
 }
 
-/// Finalizer removals that failed are retried on their own cadence (B-4).
+/// Finalizer removals that failed are retried on their own cadence (JB-4).
 pub(crate) enum FlushError {
     Finalizers(Error),
     Other(Error),

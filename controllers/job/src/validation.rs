@@ -1,4 +1,4 @@
-//! B-2: every Job status write is checked against the 1.37 API server's status validation
+//! JB-2: every Job status write is checked against the 1.37 API server's status validation
 //! (JR-55..JR-60; `ValidateJobStatusUpdate` with the options the Job strategy enables) before it
 //! is sent. A violation is a controller bug: the write is not sent, the sync fails, and it is
 //! logged and counted, so no write is ever rejected by the API server.

@@ -1,16 +1,16 @@
-//! `node-lifecycle-controller` (spec §2): node health from Ready heartbeats and node Leases,
+//! `node-lifecycle-controller` (NL-1..NL-18): node health from Ready heartbeats and node Leases,
 //! judged on this process's clock; Unknown conditions on stale nodes; pods of not-ready nodes
 //! marked NotReady; NoSchedule taints from conditions; NoExecute taints through per-zone,
 //! rate-limited queues.
 //!
 //! Wiring only. Two queues: nodes (by name; each node also has a timer at `probe + grace`, a
 //! delayed requeue of its key, so a stale node is handled when its grace runs out rather than
-//! up to a monitor period later, B-2) and pods (`namespace/name`, NL-7). A full pass every
+//! up to a monitor period later, NB-2) and pods (`namespace/name`, NL-7). A full pass every
 //! `--node-monitor-period` re-evaluates every node; the tainter serves the zone queues every
 //! 100 ms. [`sync`] is one node's or pod's sync, [`zones`] the zone queues and tainter, [`plan`]
 //! the pure decisions, [`act`] the writes.
 
-// Time arithmetic must not panic (issue 17; clippy::arithmetic_side_effects is denied in the
+// Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
 // workspace lints). Tests may use plain operators on the instants they build.
 #![cfg_attr(
     test,
@@ -27,12 +27,12 @@ pub mod zones;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use shared::apierr::{Classify, ErrorKind};
-use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::flags::duration_arg;
-use shared::informers::{INDEX_POD_NODE, pod_by_node};
-use shared::pod::Pod;
-use shared::ratelimit::BackoffConfig;
+use shared::api::apierr::{Classify, ErrorKind};
+use shared::api::ratelimit::BackoffConfig;
+use shared::cache::pod::Pod;
+use shared::cache::pod::{INDEX_POD_NODE, pod_by_node};
+use shared::process::flags::duration_arg;
+use shared::runtime::controller::{Controller, Declaration, InitError, Registration, Setup};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! The controller's metrics: upstream's `node_collector_*` names (spec §7) and Pilothouse's own.
+//! The controller's metrics: upstream's `node_collector_*` names (zone gauges of NL-12, evictions
+//! of NL-11) and Pilothouse's own (NB-2's detection latency, the zone-token queue depth).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -39,7 +40,7 @@ pub struct Metrics {
     pub node_health_duration: Histogram,
     pub all_nodes_duration: Histogram,
     pub queue_depth: Family<ZoneLabel, Gauge>,
-    /// B-2: grace expiry → write accepted, token waits excluded.
+    /// NB-2: grace expiry → write accepted, token waits excluded.
     pub detection: Family<KindLabel, Histogram, fn() -> Histogram>,
 }
 

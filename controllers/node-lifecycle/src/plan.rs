@@ -1,9 +1,9 @@
-//! Pure decisions of the node-lifecycle controller (spec §2). Time is always a parameter.
+//! Pure decisions of the node-lifecycle controller (NL-1..NL-18). Time is always a parameter.
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -132,7 +132,7 @@ pub fn zone_qps(state: ZoneState, zone_size: usize, all_full: bool, rates: Rates
 }
 
 /// A burst-1 token bucket with upstream's swap semantics (NL-15) and an explicit stopped state
-/// (B-6: upstream's stopped limiter reports 1 QPS, so a swap to exactly 1.0 was ignored).
+/// (NB-6: upstream's stopped limiter reports 1 QPS, so a swap to exactly 1.0 was ignored).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ZoneLimiter {
     /// `None` = stopped.
@@ -208,7 +208,7 @@ impl ZoneLimiter {
 /// `from + d`, capped at the runtime's far future (a grace-period flag of
 /// `--node-monitor-grace-period=2562047h` is accepted): never panics.
 pub fn deadline(from: Instant, d: Duration) -> Instant {
-    shared::queue::far_or(from, d)
+    shared::meta::clock::far_or(from, d)
 }
 
 /// NL-3: the grace that applies to a node.
@@ -461,7 +461,7 @@ pub fn pod_needs_not_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.status != "False")
 }
 
-/// Per-zone counts for NL-12 and the §7 gauges.
+/// Per-zone counts for NL-12: the zone state and upstream's `node_collector_*` zone gauges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ZoneCounts {
     pub ready: usize,
@@ -671,7 +671,7 @@ mod tests {
         l.swap(1.0, t0 + s(0.5));
         assert!(!l.try_accept(t0 + s(0.5)));
         assert!(l.try_accept(t0 + s(1.5)));
-        // B-6: stopped → exactly 1.0 is a real swap.
+        // NB-6: stopped → exactly 1.0 is a real swap.
         let mut l = ZoneLimiter::new(0.0, t0);
         l.swap(1.0, t0);
         assert_eq!(l.qps(), Some(1.0));
@@ -860,7 +860,7 @@ mod tests {
     #[test]
     fn pod_marking_nl6_nl7() {
         use k8s_openapi::api::core::v1::PodCondition;
-        use shared::pod::PodStatus;
+        use shared::cache::pod::PodStatus;
         let pod = |ready: Option<&str>| Pod {
             status: Some(PodStatus {
                 conditions: ready.map(|s| {

@@ -1,4 +1,4 @@
-//! Issue 17 §1: the node-lifecycle decisions at the API-valid extremes, as properties. Node
+//! PX-1: the node-lifecycle decisions at the API-valid extremes, as properties. Node
 //! conditions are a list the kubelet (or anyone with nodes/status) writes: a type may repeat
 //! (duplicate list keys), statuses may be odd, times anywhere in years 0001..9999; taints are
 //! unique by (key, effect) (validation) but any mix of ours and others'; `spec.unschedulable`.

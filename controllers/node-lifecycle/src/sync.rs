@@ -1,6 +1,6 @@
 //! One sync of one node (NL-1..NL-9, NL-17) and of one pod (NL-7): observe the caches and what
 //! this controller remembers of the node, ask [`plan`] what to change, write it through
-//! [`act`]. A node's timer is a delayed requeue of its key at `probe + grace` (B-2); the full
+//! [`act`]. A node's timer is a delayed requeue of its key at `probe + grace` (NB-2); the full
 //! pass every `--node-monitor-period` queues every node too. Zone queues and the tainter are in
 //! [`crate::zones`].
 
@@ -13,10 +13,12 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use plan::{NoExecuteStep, TaintChange};
-use shared::events::{EventRecorder, core_ref};
-use shared::informers::{Change, INDEX_POD_NODE, Informer, object_key};
-use shared::pod::Pod;
-use shared::queue::{Next, Queue};
+use shared::cache::informers::{Change, Informer};
+use shared::cache::pod::INDEX_POD_NODE;
+use shared::cache::pod::Pod;
+use shared::meta::keys::object_key;
+use shared::runtime::events::{EventRecorder, core_ref};
+use shared::runtime::queue::{Next, Queue};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

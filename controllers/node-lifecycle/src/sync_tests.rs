@@ -13,10 +13,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
-use shared::informers::Informer;
-use shared::pod::Pod;
+use shared::api::writer::{Call, PatchKind};
+use shared::cache::informers::Informer;
+use shared::cache::pod::Pod;
 use shared::testkit::{Kit, Running, eventually, settle};
-use shared::writer::{Call, PatchKind};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -247,7 +247,7 @@ async fn simulate(
     api: Arc<shared::testkit::FakeApi>,
     nodes: Arc<Informer<Node>>,
     leases: Arc<Informer<Lease>>,
-    clock: Arc<dyn shared::clock::Clock>,
+    clock: Arc<dyn shared::meta::clock::Clock>,
     alive: Arc<Mutex<BTreeSet<String>>>,
     watch_paused: Arc<AtomicBool>,
 ) {
@@ -311,7 +311,7 @@ fn secs(t: Timestamp, start: Timestamp) -> f64 {
     t.duration_since(start).as_secs_f64()
 }
 
-/// N1 — NL-3, NL-4, NL-5 (B-2 timer), NL-6, NL-8, NL-9, NL-11, §7 gauges: a node whose Lease
+/// N1 — NL-3, NL-4, NL-5 (NB-2 timer), NL-6, NL-8, NL-9, NL-11, NL-12 gauges: a node whose Lease
 /// stops is marked Unknown by a `nodes/status` patch guarded by its resourceVersion right after
 /// probe + 50 s, its pod is marked NotReady, it gets `unreachable:NoSchedule` and then (its zone's
 /// token) `unreachable:NoExecute`; events `RegisteredNode`, `NodeNotReady` (node) and
@@ -338,7 +338,7 @@ async fn nl4_nl5_n1_grace_expiry_marks_unknown_and_taints() {
     let late = seen[0].duration_since(start) - GRACE;
     assert!(
         late >= Duration::from_millis(250) && late <= Duration::from_secs(1),
-        "NoExecute {late:?} after expiry (a 250 ms batch window, then B-2: ≤ 1 s)"
+        "NoExecute {late:?} after expiry (a 250 ms batch window, then NB-2: ≤ 1 s)"
     );
     assert_eq!(
         c.writes(),
@@ -444,7 +444,7 @@ async fn nl4_nl5_n1_grace_expiry_marks_unknown_and_taints() {
         })
         .collect();
     assert_eq!(sources, BTreeSet::from(["node-controller".to_string()]));
-    // §7: gauges and the evictions counter of the zone; the detection latencies.
+    // The zone's gauges (NL-12) and evictions counter (NL-11); the detection latencies (NB-2).
     assert_eq!(c.zone_metric("node_collector_zone_size", "z1"), Some(4.0));
     assert_eq!(
         c.zone_metric("node_collector_zone_health", "z1"),
@@ -744,7 +744,7 @@ async fn nl9_n6_recovery_removes_the_taints() {
     c.stop().await;
 }
 
-/// N15 — NL-17, B-3: a controller starting while a node is Unknown and tainted counts it as
+/// N15 — NL-17, NB-3: a controller starting while a node is Unknown and tainted counts it as
 /// added (`RegisteredNode`, fresh grace) and keeps its taints: no write at all, `timeAdded`
 /// kept, nothing added to `evictions_total`.
 #[tokio::test(start_paused = true)]

@@ -6,8 +6,8 @@ use crate::types::NodeMaintenance;
 use k8s_openapi::api::core::v1::{Node, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Value, json};
-use shared::pod::Pod;
-use shared::writer::{Delete, PatchKind, Writer};
+use shared::api::writer::{Delete, PatchKind, Writer};
+use shared::cache::pod::Pod;
 
 /// NM-3/NM-5/NM-1: the object's finalizers and owner references in one merge patch, guarded by
 /// the resourceVersion it was computed from (both lists are replaced whole).

@@ -5,7 +5,7 @@
 use crate::types::DrainSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::jiff::Timestamp;
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
 
 /// kubectl's `corev1.MirrorPodAnnotationKey`.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
@@ -67,7 +67,7 @@ fn has_local_storage(pod: &Pod) -> bool {
 
 /// kubectl's `isControllerRefDaemonSet`: kind and apiVersion exactly `apps/v1` DaemonSet.
 fn daemon_set_controller(pod: &Pod) -> Option<&str> {
-    shared::refs::controller_of(&pod.metadata)
+    shared::meta::refs::controller_of(&pod.metadata)
         .filter(|r| r.kind == "DaemonSet" && r.api_version == "apps/v1")
         .map(|r| r.name.as_str())
 }
@@ -121,7 +121,7 @@ fn selected(selector: Option<&LabelSelector>, pod: &Pod) -> bool {
     match selector {
         None => true,
         Some(s) => {
-            shared::selector::matches(Some(s), pod.metadata.labels.as_ref()).unwrap_or(false)
+            shared::meta::selector::matches(Some(s), pod.metadata.labels.as_ref()).unwrap_or(false)
         }
     }
 }
@@ -166,7 +166,7 @@ pub fn classify(
         Some(Consent::VanishedDaemonSet(ds))
     } else if !drain.delete_empty_dir_data && has_local_storage(pod) {
         Some(Consent::LocalStorage)
-    } else if !drain.force && shared::refs::controller_of(&pod.metadata).is_none() {
+    } else if !drain.force && shared::meta::refs::controller_of(&pod.metadata).is_none() {
         Some(Consent::NoController)
     } else {
         None
@@ -195,7 +195,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         LabelSelectorRequirement, ObjectMeta, OwnerReference, Time,
     };
-    use shared::pod::{PodSpec, PodStatus, Volume};
+    use shared::cache::pod::{PodSpec, PodStatus, Volume};
 
     fn now() -> Timestamp {
         "2026-01-01T00:10:00Z".parse().unwrap()

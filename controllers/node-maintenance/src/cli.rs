@@ -1,4 +1,4 @@
-//! `pilothouse maintenance`: the operator's command for NodeMaintenance (issue 16).
+//! `pilothouse maintenance`: the operator's command for NodeMaintenance.
 //!
 //! `start NODE --reason TEXT` creates a NodeMaintenance named after the node (`--name` to
 //! override) and, with `--wait`, follows it by watching the object: a progress bar of
@@ -115,7 +115,7 @@ pub struct EndArgs {
 
 /// `--timeout`: a Go duration, positive, rounded up to whole seconds.
 pub fn timeout_seconds(s: &str) -> Result<i64, String> {
-    let nanos = shared::gocompat::parse_duration(s)?;
+    let nanos = shared::meta::gocompat::parse_duration(s)?;
     if nanos <= 0 {
         return Err(format!("{s}: the timeout must be positive"));
     }

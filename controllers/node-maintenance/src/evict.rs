@@ -5,7 +5,7 @@
 //! read for this module): a pod matched by several budgets is answered with a `metav1.Status`
 //! returned as the *result* (`status: Failure`, `code: 500`, "This pod has more than one
 //! PodDisruptionBudget, which the eviction subresource does not support."), and the create
-//! handler writes a result with HTTP 201, so the body, not the HTTP code, tells (B-10). A budget
+//! handler writes a result with HTTP 201, so the body, not the HTTP code, tells (NB-10). A budget
 //! that allows nothing answers 429 with a `DisruptionBudget` cause naming it; a budget whose
 //! status lags its generation answers 429 "still being processed" (retry after 10 s per
 //! `retryAfterSeconds`); a negative `disruptionsAllowed` or an overfull `disruptedPods` answers
@@ -15,7 +15,7 @@
 use crate::types::TargetState;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde_json::Value;
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
 use std::time::Duration;
 
 /// kubectl's `EvictErrorRetryDelay`, the first retry (NM-14).
@@ -199,7 +199,7 @@ pub fn pdb_matches(pdb: &PodDisruptionBudget, pod: &Pod) -> bool {
     let Some(sel) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
         return false;
     };
-    shared::selector::matches(Some(sel), pod.metadata.labels.as_ref()).unwrap_or(false)
+    shared::meta::selector::matches(Some(sel), pod.metadata.labels.as_ref()).unwrap_or(false)
 }
 
 /// NM-16: the blocking budget: the one the cache says selects the pod, else the one the cause
@@ -271,7 +271,7 @@ impl PdbRef {
 
 /// NM-14: 5 s, doubling per consecutive failure, capped at 5 minutes.
 pub fn backoff(failures: u32) -> Duration {
-    shared::ratelimit::backoff_delay(BACKOFF_BASE, BACKOFF_MAX, failures.saturating_sub(1))
+    shared::api::ratelimit::backoff_delay(BACKOFF_BASE, BACKOFF_MAX, failures.saturating_sub(1))
 }
 
 /// The state a target is in after a response (NM-13).
@@ -327,7 +327,7 @@ mod tests {
         let rows: Vec<(&str, Result<Value, kube::Error>, Outcome)> = vec![
             ("201 Success", Ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})), Outcome::Accepted),
             ("200 no body", Ok(json!({})), Outcome::Accepted),
-            // B-10: eviction.go returns the multiple-PDB Status as a result, written with 201.
+            // NB-10: eviction.go returns the multiple-PDB Status as a result, written with 201.
             ("201 Failure multiple PDBs", Ok(json!({"kind": "Status", "status": "Failure", "code": 500, "message": multiple})), Outcome::MultipleBudgets { message: multiple.into() }),
             ("201 Failure other", Ok(json!({"kind": "Status", "status": "Failure", "message": "odd"})), Outcome::Error { message: "odd".into() }),
             ("500 multiple PDBs", api(500, "InternalError", multiple, vec![], 0), Outcome::MultipleBudgets { message: multiple.into() }),
@@ -340,7 +340,7 @@ mod tests {
                 Outcome::Budget { pdb: None, message: PDB_MESSAGE.into(), processing: false }),
             ("429 still being processed", api(429, "TooManyRequests", PDB_MESSAGE, vec![(CAUSE_DISRUPTION_BUDGET, "The disruption budget db-pdb is still being processed by the server.")], 10),
                 Outcome::Budget { pdb: Some("db-pdb".into()), message: "The disruption budget db-pdb is still being processed by the server.".into(), processing: true }),
-            // B-12: priority and fairness answers plain text; kube keeps the code only.
+            // NB-12: priority and fairness answers plain text; kube keeps the code only.
             ("429 APF", api(429, "Failed to parse error data", "Too many requests, please try again later.", vec![], 0), Outcome::Throttled { retry_after: THROTTLE_RETRY }),
             ("429 APF with retryAfterSeconds", api(429, "TooManyRequests", "slow down", vec![], 7), Outcome::Throttled { retry_after: Duration::from_secs(7) }),
             ("403 negative budget", api(403, "Forbidden", "poddisruptionbudget.policy \"db-pdb\" is forbidden: pdb disruptions allowed is negative", vec![(CAUSE_DISRUPTION_BUDGET, "The disruption budget db-pdb does not allow evicting pods currently: pdb disruptions allowed is negative")], 0),
@@ -377,7 +377,7 @@ mod tests {
             TargetState::Terminating
         );
         assert_eq!(state_after(&Outcome::Gone, false), TargetState::Gone);
-        // B-12: throttling is never "blocked".
+        // NB-12: throttling is never "blocked".
         assert_eq!(
             state_after(
                 &Outcome::Throttled {

@@ -1,11 +1,13 @@
-//! Pure maps from a watched change to the NodeMaintenance keys it concerns (§4.9's watches).
+//! Pure maps from a watched change to the NodeMaintenance keys it concerns. The controller
+//! watches NodeMaintenances, Nodes, Pods (by `spec.nodeName`), PodDisruptionBudgets (mapped to
+//! the objects whose targets they block, NM-16) and DaemonSets (NM-9).
 
 use crate::types::NodeMaintenance;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use shared::informers::Change;
-use shared::pod::Pod;
+use shared::cache::informers::Change;
+use shared::cache::pod::Pod;
 
 /// Index: the node a NodeMaintenance names.
 pub const INDEX_NM_NODE: &str = "nodemaintenance-node";
@@ -141,7 +143,7 @@ mod tests {
         let pod = |node: Option<&str>| {
             Arc::new(Pod {
                 metadata: Default::default(),
-                spec: Some(shared::pod::PodSpec {
+                spec: Some(shared::cache::pod::PodSpec {
                     node_name: node.map(Into::into),
                     ..Default::default()
                 }),

@@ -1,4 +1,4 @@
-//! `node-maintenance-controller`: declarative, PDB-aware node drains (spec §4-§7): a
+//! `node-maintenance-controller`: declarative, PDB-aware node drains (NM-1..NM-23): a
 //! NodeMaintenance cordons its node (reference-counted among overlapping objects), evicts the
 //! node's pods through the Eviction API in kubectl drain's terms, names what blocks it, and
 //! restores the node when it ends.
@@ -29,12 +29,13 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
-use shared::apierr::{Classify, ErrorKind};
-use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::informers::{INDEX_NAMESPACE, INDEX_POD_NODE, Informer, by_namespace, pod_by_node};
-use shared::pod::Pod;
-use shared::projection::PodFields;
-use shared::ratelimit::BackoffConfig;
+use shared::api::apierr::{Classify, ErrorKind};
+use shared::api::ratelimit::BackoffConfig;
+use shared::cache::informers::{INDEX_NAMESPACE, Informer, by_namespace};
+use shared::cache::pod::Pod;
+use shared::cache::pod::{INDEX_POD_NODE, pod_by_node};
+use shared::cache::projection::PodFields;
+use shared::runtime::controller::{Controller, Declaration, InitError, Registration, Setup};
 use std::sync::Arc;
 use std::time::Duration;
 use types::NodeMaintenance;
@@ -71,7 +72,7 @@ impl Default for Options {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Api(#[from] shared::apierr::Failed),
+    Api(#[from] shared::api::apierr::Failed),
 }
 
 impl Classify for Error {
@@ -144,7 +145,7 @@ pub fn init(setup: Setup, opts: Options) -> Result<Box<dyn Controller>, InitErro
     // A deleted pod is gone for every object that targets it.
     let (t, clock) = (Arc::clone(&tracker), Arc::clone(&setup.clock));
     wiring.on_change(&pods, move |c| {
-        if let shared::informers::Change::Deleted(p) = c
+        if let shared::cache::informers::Change::Deleted(p) = c
             && let Some(uid) = p.metadata.uid.as_deref()
         {
             t.pod_gone(uid, clock.now());

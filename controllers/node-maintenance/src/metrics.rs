@@ -1,4 +1,5 @@
-//! The controller's metrics (spec §7, the `pilothouse_nodemaintenance_*` rows).
+//! The controller's metrics, all Pilothouse's own `pilothouse_nodemaintenance_*` (evictions per
+//! reply of NM-13, deletions of NM-18, blocked pods of NM-17, objects by phase, drain durations).
 
 use crate::types::Phase;
 use prometheus_client::encoding::EncodeLabelSet;

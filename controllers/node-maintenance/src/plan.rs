@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 pub const EFFECT: &str = "NoSchedule";
 
-/// *Active* = stage Cordon or Drain, not deleting (§4.9).
+/// *Active* = stage Cordon or Drain, not deleting (the sense of "active" in NM-20).
 pub fn is_active(nm: &NodeMaintenance) -> bool {
     nm.metadata.deletion_timestamp.is_none()
         && matches!(nm.spec.stage, Stage::Cordon | Stage::Drain)

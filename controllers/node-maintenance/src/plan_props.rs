@@ -1,4 +1,4 @@
-//! Issue 17 §1: node-maintenance's pure decisions at the API-valid extremes of every field they
+//! PX-1: node-maintenance's pure decisions at the API-valid extremes of every field they
 //! read, as properties. Generators produce what the API server accepts (the CRD's ranges:
 //! `timeoutSeconds` and `skipWaitForDeleteTimeoutSeconds` ≥ 1, `gracePeriodSeconds` ≥ 0, any
 //! int32 priority, taints unique by key and effect, timestamps in RFC 3339's years 0001..9999),
@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use shared::pod::{Pod, PodSpec, PodStatus, Volume};
+use shared::cache::pod::{Pod, PodSpec, PodStatus, Volume};
 use std::time::Duration;
 
 /// 0001-01-01T00:00:00Z and the last second of year 9999 jiff holds: a `metav1.Time`'s range.
@@ -510,8 +510,8 @@ proptest! {
         prop_assert_eq!(plan::lifecycle_patch(&node, &wanted, now), None);
     }
 
-    /// §4.3 for any targets, up to past the 1024 cap: counts add up, percent is 0..=100,
-    /// `targetedPods` is capped with `truncated` saying so, blocked first.
+    /// `progress` and `targetedPods` for any targets, up to past the 1024 cap: counts add up,
+    /// percent is 0..=100, `targetedPods` is capped with `truncated` saying so, blocked first.
     #[test]
     fn progress_and_targeted_pods_stay_in_range(list in entries()) {
         let (pods, truncated) = status::targeted_pods(list.clone());

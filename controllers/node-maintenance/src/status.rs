@@ -1,6 +1,7 @@
-//! The status an object should have, computed purely (§4.3-§4.5): conditions that keep their
-//! transition time, progress, `targetedPods` (blocked first, then oldest, at most 1024) and the
-//! `EvictionBlocked` summary; and the merge patch from the stored status to it.
+//! The status an object should have (its fields, conditions and phase), computed purely:
+//! conditions that keep their transition time, progress, `targetedPods` (blocked first, then
+//! oldest, at most 1024) and the `EvictionBlocked` summary; and the merge patch from the stored
+//! status to it.
 
 use crate::evict::severity;
 use crate::types::{
@@ -138,7 +139,8 @@ pub fn targeted_pods(entries: Vec<Entry>) -> (Vec<TargetedPod>, bool) {
     (entries.into_iter().map(|e| e.pod).collect(), truncated)
 }
 
-/// §4.3 progress over every target ever selected.
+/// `status.progress` over every target ever selected; percent = evicted·100/targeted (100 if
+/// none).
 pub fn progress(entries: &[Entry], skipped: Skipped, truncated: bool) -> Progress {
     let count =
         |f: &dyn Fn(&TargetedPod) -> bool| entries.iter().filter(|e| f(&e.pod)).count() as i64;

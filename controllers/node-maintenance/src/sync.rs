@@ -15,22 +15,24 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, PodCondition};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use shared::apierr::doing;
-use shared::clock::Clock;
-use shared::events::{EventRecorder, core_ref};
-use shared::informers::{INDEX_NAMESPACE, INDEX_POD_NODE, Informer};
-use shared::own_writes::OwnWrites;
-use shared::pod::Pod;
-use shared::queue::Next;
-use shared::writer::Writer;
+use shared::api::apierr::doing;
+use shared::api::writer::Writer;
+use shared::cache::informers::{INDEX_NAMESPACE, Informer};
+use shared::cache::own_writes::OwnWrites;
+use shared::cache::pod::INDEX_POD_NODE;
+use shared::cache::pod::Pod;
+use shared::meta::clock::Clock;
+use shared::runtime::events::{EventRecorder, core_ref};
+use shared::runtime::queue::Next;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Status is written at most this often, except on a phase change (§4.9).
+/// Status is written (in one patch) at most this often, except on a phase change.
 pub const STATUS_EVERY: Duration = Duration::from_secs(1);
-/// The longest a sync waits before looking again (§4.9).
+/// The longest a sync waits before looking again: it requeues at the earliest
+/// `nextAttemptTime` of a target, the drain deadline, or after this.
 pub const RESYNC: Duration = Duration::from_secs(60);
 /// NM-17: `EvictionBlocked` at most once per pod per 5 minutes.
 pub const BLOCKED_EVENT_EVERY: i64 = 300;
@@ -117,7 +119,7 @@ fn pod_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
 fn node_ref(node: &Node) -> ObjectReference {
     ObjectReference {
         uid: node.metadata.uid.clone(),
-        ..shared::refs::object_reference_by_key::<Node>(
+        ..shared::meta::refs::object_reference_by_key::<Node>(
             node.metadata.name.as_deref().unwrap_or_default(),
         )
     }
@@ -232,7 +234,7 @@ impl NodeMaintenanceController {
                     self.observe_drain_end(&nm, "cancelled", self.clock.now());
                 }
                 self.events.normal(
-                    &shared::refs::object_reference(nm.as_ref()),
+                    &shared::meta::refs::object_reference(nm.as_ref()),
                     "RemovedMaintenance",
                     "Release",
                     format!("Removed maintenance of node {}", nm.spec.node_name),
@@ -256,7 +258,7 @@ impl NodeMaintenanceController {
                     .is_some_and(|c| c.reason == reason && c.observed_generation == generation);
                 if !warned && reason == "NodeNotFound" {
                     self.events.warning(
-                        &shared::refs::object_reference(nm.as_ref()),
+                        &shared::meta::refs::object_reference(nm.as_ref()),
                         "NodeNotFound",
                         "Lookup",
                         format!("Node {} not found", nm.spec.node_name),
@@ -394,7 +396,7 @@ impl NodeMaintenanceController {
                 self.own_objects.record(nm, after);
                 Ok(())
             }
-            Err(e) if shared::apierr::is_not_found(&e) => Ok(()),
+            Err(e) if shared::api::apierr::is_not_found(&e) => Ok(()),
             Err(e) => Err(doing::<Error>("removing the finalizer")(e)),
         }
     }
@@ -408,7 +410,7 @@ impl NodeMaintenanceController {
         now: Timestamp,
     ) -> Result<Next, Error> {
         let generation = nm.metadata.generation;
-        let obj_ref = shared::refs::object_reference(nm.as_ref());
+        let obj_ref = shared::meta::refs::object_reference(nm.as_ref());
         // NM-5: BeginMaintenance when first acted on; NM-8: only the stage acted on gets an entry.
         let first = !st
             .stage_statuses
@@ -841,7 +843,7 @@ impl NodeMaintenanceController {
                         format!(
                             "writing condition {POD_CONDITION_TARGETED} on pod {}: {}",
                             pod.key(),
-                            shared::apierr::message(&e)
+                            shared::api::apierr::message(&e)
                         ),
                     );
                 }
@@ -876,15 +878,16 @@ impl NodeMaintenanceController {
         .await;
         let outcome = evict::classify_response(&response);
         if let Outcome::MultipleBudgets { .. } = &outcome {
-            // Spec §8 item 2: which wire form the API server used (the source says a 201).
+            // NB-10, NM-13: which wire form the API server used (unverified: a 201 with the Failure
+            // body, or an HTTP 500 with it, as docs/rules.md reads upstream's code).
             let wire = match &response {
                 Ok(_) => "2xx with a Failure Status body".to_string(),
-                Err(e) => format!("error {}", shared::apierr::error_reason(e)),
+                Err(e) => format!("error {}", shared::api::apierr::error_reason(e)),
             };
             tracing::info!(pod = %pod.key(), %wire, "eviction refused: the pod has more than one PodDisruptionBudget");
         }
         let now = self.clock.now();
-        let obj_ref = shared::refs::object_reference(nm);
+        let obj_ref = shared::meta::refs::object_reference(nm);
         let key = pod.key().into_owned();
         let mut label = outcome.result_label();
         let (reason, pdb, text, retry): (
@@ -1083,9 +1086,9 @@ impl NodeMaintenanceController {
         let key = pod.key().into_owned();
         let bypassed = self.tracker.get(uid).and_then(|r| r.pdb);
         let gone = |e: &kube::Error| {
-            shared::apierr::is_not_found(e)
-                || shared::apierr::is_conflict(e)
-                || shared::apierr::is_uid_mismatch(e)
+            shared::api::apierr::is_not_found(e)
+                || shared::api::apierr::is_conflict(e)
+                || shared::api::apierr::is_uid_mismatch(e)
         };
         match result {
             Ok(()) => {
@@ -1110,7 +1113,7 @@ impl NodeMaintenanceController {
                     &msg,
                 );
                 self.events.warning(
-                    &shared::refs::object_reference(nm),
+                    &shared::meta::refs::object_reference(nm),
                     "EvictedByDeletion",
                     "Delete",
                     msg,
@@ -1121,10 +1124,11 @@ impl NodeMaintenanceController {
             }
             Err(e) => {
                 // Lacking delete RBAC: EvictionDenied, and the drain behaves as Wait.
-                let m = shared::apierr::message(&e);
+                let m = shared::api::apierr::message(&e);
                 let denied = matches!(
-                    shared::apierr::classify(&e),
-                    shared::apierr::ErrorKind::Forbidden | shared::apierr::ErrorKind::Invalid
+                    shared::api::apierr::classify(&e),
+                    shared::api::apierr::ErrorKind::Forbidden
+                        | shared::api::apierr::ErrorKind::Invalid
                 );
                 let reason = if denied {
                     evict::REASON_DENIED
@@ -1331,8 +1335,8 @@ impl NodeMaintenanceController {
         drained
     }
 
-    /// §7: one observation per drain, at its end (the transition to Drained or Cancelled), of
-    /// `status.drain.startTime` → `end`.
+    /// `pilothouse_nodemaintenance_drain_duration_seconds`: one observation per drain, at its end
+    /// (the transition to Drained or Cancelled), of `status.drain.startTime` → `end`.
     fn observe_drain_end(&self, nm: &NodeMaintenance, outcome: &str, end: Timestamp) {
         let Some(start) = nm
             .status
@@ -1614,7 +1618,7 @@ impl NodeMaintenanceController {
                 }
                 Ok(RESYNC)
             }
-            Err(e) if shared::apierr::is_not_found(&e) => Ok(RESYNC),
+            Err(e) if shared::api::apierr::is_not_found(&e) => Ok(RESYNC),
             Err(e) => Err(doing::<Error>("writing the status")(e)),
         }
     }

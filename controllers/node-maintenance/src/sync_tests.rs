@@ -1,6 +1,7 @@
 //! Sync tests: the whole controller (its real `init`, handlers, queue and sync) against the test
-//! kit's caches and recording writer, on tokio's paused clock; named after the spec's scenarios
-//! (M1..M14) whose logic the kit can show (the API server's own behaviour is for end to end).
+//! kit's caches and recording writer, on tokio's paused clock; named after the conformance
+//! scenarios (M1..M14) whose logic the kit can show (the API server's own behaviour is for end
+//! to end).
 
 use crate::types::*;
 use crate::{DECLARATION, Options, init};
@@ -13,9 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReferen
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
-use shared::pod::{Pod, PodSpec, PodStatus, Volume};
+use shared::api::writer::Call;
+use shared::cache::pod::{Pod, PodSpec, PodStatus, Volume};
 use shared::testkit::{Kit, Running, api_error, eventually, settle};
-use shared::writer::Call;
 use std::time::Duration;
 
 const NS: &str = "shop";
@@ -497,7 +498,7 @@ async fn m2_deadlock_is_named_backs_off_and_resumes_on_budget_change() {
         )
     );
     assert_eq!(st.phase, Some(Phase::Draining));
-    // Backoff: 5, 10, 20, 40 s: at most 5 attempts in 75 s (the spec allows 6).
+    // Backoff: 5, 10, 20, 40 s: at most 5 attempts in 75 s (scenario M2 allows 6).
     tokio::time::sleep(Duration::from_secs(75)).await;
     catch_up(&kit, &["m2"], &[], &[]);
     let attempts = evictions(&kit, "db-0");
@@ -627,7 +628,7 @@ async fn m3_delete_escalation_past_the_deadline() {
     );
 }
 
-/// M4 and B-10: the multiple-PDB failure comes back as a 2xx Status body: Blocked, named.
+/// M4 and NB-10: the multiple-PDB failure comes back as a 2xx Status body: Blocked, named.
 #[tokio::test(start_paused = true)]
 async fn m4_multiple_budgets_read_from_a_2xx_failure_body() {
     let kit = kit();
@@ -1157,7 +1158,7 @@ async fn m14_terminating_until_skip_wait() {
     );
 }
 
-/// B-12: a priority-and-fairness 429 is throttling: retried after a second, never Blocked.
+/// NB-12: a priority-and-fairness 429 is throttling: retried after a second, never Blocked.
 #[tokio::test(start_paused = true)]
 async fn b12_throttling_is_not_blocked() {
     let kit = kit();
@@ -1367,7 +1368,7 @@ fn taint_helper_is_exact() {
     );
 }
 
-/// §4.5: while the release keeps failing the phase says Completing; then Completed.
+/// NM-19, NM-20: while the release keeps failing the phase says Completing; then Completed.
 #[tokio::test(start_paused = true)]
 async fn completing_until_the_release_succeeds() {
     let kit = kit();
@@ -1518,9 +1519,10 @@ async fn nm_18_refused_deletion_falls_back_to_wait() {
     );
 }
 
-/// §4.9: the status is written when it changes. While a blocked target waits out its backoff
-/// nothing changes, so nothing is written (the tracker keeps sub-second times the wire does not,
-/// which once made every sync after an attempt look like a change: a write a second).
+/// The status is written only when it changes (one patch, at most once a second). While a blocked
+/// target waits out its backoff nothing changes, so nothing is written (the tracker keeps
+/// sub-second times the wire does not, which once made every sync after an attempt look like a
+/// change: a write a second).
 #[tokio::test(start_paused = true)]
 async fn an_unchanged_status_is_not_rewritten() {
     let kit = kit();

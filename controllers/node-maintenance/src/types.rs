@@ -1,12 +1,14 @@
-//! The NodeMaintenance API, `pilothouse.dev/v1alpha1` (spec §4). The CRD in `crds/` is generated
-//! from these types (`pilothouse crd`); a test fails when the committed file is stale.
+//! The NodeMaintenance API, `pilothouse.dev/v1alpha1`, that NM-1..NM-23 act on. The CRD in
+//! `crds/` is generated from these types (`pilothouse crd`); a test fails when the committed file
+//! is stale.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The finalizer that holds the object until its node is released (§4.8).
+/// The finalizer that holds the object until its node is released (added by NM-5, removed by
+/// NM-1).
 pub const FINALIZER: &str = "pilothouse.dev/maintenance-completion";
 /// Node annotation: `spec.unschedulable` before the first active maintenance cordoned it.
 pub const ANNOTATION_PRE_MAINTENANCE_UNSCHEDULABLE: &str =
@@ -16,7 +18,9 @@ pub const TAINT_MAINTENANCE: &str = "pilothouse.dev/maintenance";
 /// Pod condition set before a target's first eviction attempt (NM-12).
 pub const POD_CONDITION_TARGETED: &str = "TargetedByNodeMaintenance";
 
-/// Condition types of the object (§4.4).
+/// Condition types of the object, True respectively when its node is cordoned and tainted, when
+/// no target is left to drain, when a target's last eviction attempt failed, and when the drain
+/// deadline passed before the node was drained.
 pub const CONDITION_CORDONED: &str = "Cordoned";
 pub const CONDITION_DRAINED: &str = "Drained";
 pub const CONDITION_EVICTION_BLOCKED: &str = "EvictionBlocked";
@@ -193,7 +197,9 @@ pub struct NodeMaintenanceStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// Derived phase (§4.5).
+/// The phase, derived from the rest: `Pending` (not acted on; node missing or replaced), `Idle`,
+/// `Cordoned` (cordon done), `Draining` (also past the deadline), `Drained`, `Completing`
+/// (Complete or deleting, cleanup running), `Completed`.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
     Pending,

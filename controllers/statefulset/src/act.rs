@@ -7,10 +7,10 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod as FullPod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Value, json};
-use shared::claim;
-use shared::pod::Pod;
-use shared::refs::controller_ref;
-use shared::writer::{Call, Delete, PatchKind, Target, Writer};
+use shared::api::writer::{Call, Delete, PatchKind, Target, Writer};
+use shared::cache::pod::Pod;
+use shared::meta::refs::controller_ref;
+use shared::runtime::claim;
 
 /// Upstream's `maxUpdateRetries`-like bound for conflict retries of one write.
 const CONFLICT_RETRIES: usize = 5;
@@ -73,7 +73,7 @@ pub async fn set_claim_refs(
     refs: impl Fn(&PersistentVolumeClaim) -> Vec<OwnerReference>,
 ) -> Result<PersistentVolumeClaim, kube::Error> {
     let refs = &refs;
-    shared::retry::on_conflict(CONFLICT_RETRIES, |_| async move {
+    shared::api::retry::on_conflict(CONFLICT_RETRIES, |_| async move {
         let mut live: Value = w
             .call(Call::Get(Target::of::<PersistentVolumeClaim>(ns, name)))
             .await?;
@@ -94,7 +94,7 @@ pub async fn set_claim_refs(
 /// (the cached pod lacks most of the object), retried on conflict.
 pub async fn repair_pod(w: &Writer, set: &StatefulSet, name: &str) -> Result<Pod, kube::Error> {
     let ns = set.namespace();
-    shared::retry::on_conflict(CONFLICT_RETRIES, |_| async move {
+    shared::api::retry::on_conflict(CONFLICT_RETRIES, |_| async move {
         let mut pod: Value = w.call(Call::Get(Target::of::<FullPod>(ns, name))).await?;
         let ord = identity::ordinal(name);
         let labels = &mut pod["metadata"]["labels"];

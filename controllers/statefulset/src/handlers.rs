@@ -2,9 +2,10 @@
 
 use crate::model::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use shared::informers::{Change, INDEX_NAMESPACE, Informer, object_key};
-use shared::pod::Pod;
-use shared::refs::controller_of;
+use shared::cache::informers::{Change, INDEX_NAMESPACE, Informer};
+use shared::cache::pod::Pod;
+use shared::meta::keys::object_key;
+use shared::meta::refs::controller_of;
 use std::time::Duration;
 
 /// A set to sync, now or after a delay.
@@ -46,7 +47,7 @@ fn selecting(sets: &Informer<StatefulSet>, pod: &Pod) -> Vec<Enqueue> {
                         .match_expressions
                         .as_ref()
                         .is_some_and(|m| !m.is_empty()))
-                    && shared::selector::matches(Some(sel), pod.metadata.labels.as_ref())
+                    && shared::meta::selector::matches(Some(sel), pod.metadata.labels.as_ref())
                         .unwrap_or(false)
             })
         })

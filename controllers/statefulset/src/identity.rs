@@ -7,7 +7,7 @@ use crate::model::{Policy, StatefulSet, template_name};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Map, Value, json};
-use shared::pod::Pod;
+use shared::cache::pod::Pod;
 
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
@@ -33,12 +33,12 @@ pub fn pod_name(set: &str, ordinal: i32) -> String {
     format!("{set}-{ordinal}")
 }
 
-/// §1.5: `<template>-<set>-<ordinal>`.
+/// ST-7: a claim's name, `<template>-<set>-<ordinal>`.
 pub fn claim_name(template: &str, set: &str, ordinal: i32) -> String {
     format!("{template}-{set}-{ordinal}")
 }
 
-/// The pod's controller reference to its set (§1.4).
+/// The pod's controller reference to its set (ST-7).
 pub fn set_ref(set: &StatefulSet) -> OwnerReference {
     OwnerReference {
         api_version: "apps/v1".into(),

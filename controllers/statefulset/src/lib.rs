@@ -1,4 +1,4 @@
-//! `statefulset-controller` (spec `statefulset-endpointslice.md` §1-2, §5): pods with stable
+//! `statefulset-controller` (ST-1..ST-44, SB-1..SB-9): pods with stable
 //! identities and claims, ControllerRevisions byte-equal to upstream's, OrderedReady and Parallel
 //! scaling, RollingUpdate with partition and maxUnavailable always on.
 //!
@@ -8,7 +8,7 @@
 //! [`plan`] (ST-18..ST-31) and [`status`] (ST-40..ST-42) are its pure decisions; [`act`] its
 //! writes.
 
-// Time arithmetic must not panic (issue 17; clippy::arithmetic_side_effects is denied in the
+// Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
 // workspace lints). Tests may use plain operators on the instants they build.
 #![cfg_attr(
     test,
@@ -30,15 +30,16 @@ mod sync_tests;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use model::StatefulSet;
-use shared::apierr::{Classify, ErrorKind};
-use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::informers::{
+use shared::api::apierr::{Classify, ErrorKind};
+use shared::api::ratelimit::BackoffConfig;
+use shared::cache::informers::{
     INDEX_CONTROLLER_UID, INDEX_NAMESPACE, INDEX_ORPHAN_NAMESPACE, by_controller_uid, by_namespace,
-    object_key, orphan_by_namespace,
+    orphan_by_namespace,
 };
-use shared::pod::Pod;
-use shared::projection::PodFields;
-use shared::ratelimit::BackoffConfig;
+use shared::cache::pod::Pod;
+use shared::cache::projection::PodFields;
+use shared::meta::keys::object_key;
+use shared::runtime::controller::{Controller, Declaration, InitError, Registration, Setup};
 use std::sync::Arc;
 
 pub const DECLARATION: Declaration = Declaration {
@@ -48,7 +49,7 @@ pub const DECLARATION: Declaration = Declaration {
     on_by_default: true,
 };
 pub const NAME: &str = DECLARATION.name;
-/// §1.1: upstream's queue name (label `name` of `workqueue_*`).
+/// ST-3's queue, under upstream's name (label `name` of `workqueue_*`).
 pub const QUEUE: &str = "statefulset";
 
 #[derive(clap::Args, Clone, Debug)]
@@ -61,7 +62,7 @@ pub struct StatefulSetOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Api(#[from] shared::apierr::Failed),
+    Api(#[from] shared::api::apierr::Failed),
     /// Adoption refused: the set read live is another one, or being deleted (ST-4).
     #[error("{0}")]
     Claim(String),
@@ -83,9 +84,9 @@ impl Classify for Error {
     }
 }
 
-/// An API error with what the sync was doing (`shared::apierr::doing` for this crate's error).
+/// An API error with what the sync was doing (`shared::api::apierr::doing` for this crate's error).
 pub(crate) fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    shared::apierr::doing(what)
+    shared::api::apierr::doing(what)
 }
 
 pub fn registration(opts: StatefulSetOptions) -> Registration {

@@ -1,4 +1,5 @@
-//! The controller's metrics (§7), with upstream's names (`pkg/controller/statefulset/metrics`).
+//! The controller's metrics (ST-25's `M` and `U`, ST-44's stale skips, SB-7's gauge), with
+//! upstream's names (`pkg/controller/statefulset/metrics`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -52,7 +53,7 @@ impl Metrics {
             "Current number of unavailable pods in StatefulSet",
             m.unavailable.clone(),
         );
-        // Upstream 1.37's name (ST-44); it counts ControllerRevisions too here (B-8).
+        // Upstream 1.37's name (ST-44); it counts ControllerRevisions too here (SB-8).
         registry.register(
             "statefulset_controller_stale_sync_skips",
             "Total number of StatefulSet syncs skipped due to a stale watch cache.",
@@ -60,7 +61,7 @@ impl Metrics {
         );
         registry.register(
             "pilothouse_statefulset_zero_grace_period",
-            "1 for a StatefulSet whose pods have terminationGracePeriodSeconds 0 (a replacement may share a volume with a still-running pod, B-7)",
+            "1 for a StatefulSet whose pods have terminationGracePeriodSeconds 0 (a replacement may share a volume with a still-running pod, SB-7)",
             m.zero_grace.clone(),
         );
         m

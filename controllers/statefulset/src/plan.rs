@@ -1,4 +1,4 @@
-//! The pure decisions of one sync (spec §2.4-2.6, ST-18..ST-31, B-1, B-4..B-6): from the set and
+//! The pure decisions of one sync (ST-18..ST-31, SB-1, SB-4..SB-6): from the set and
 //! its pods as observed, the writes to make, in phases. Upstream: `stateful_set_control.go`
 //! (`updateStatefulSet`, `processReplica`, `processCondemned`,
 //! `updateStatefulSetAfterInvariantEstablished`).
@@ -44,12 +44,12 @@ pub struct SetView {
     pub status_current_replicas: i32,
     /// Ordinals whose claims are still owned by an earlier pod (ST-36).
     pub stale_claims: Vec<i32>,
-    /// B-6 opt-in ([`REPLACE_UNAVAILABLE_AFTER`]): during an OrderedReady rollout, an old pod
+    /// SB-6 opt-in ([`REPLACE_UNAVAILABLE_AFTER`]): during an OrderedReady rollout, an old pod
     /// unavailable for this long is replaced instead of blocking. `None`: upstream's behaviour.
     pub replace_unavailable_after: Option<Duration>,
 }
 
-/// B-6: the set annotation (a Go duration, e.g. `10m`) opting into replacing an old pod that
+/// SB-6: the set annotation (a Go duration, e.g. `10m`) opting into replacing an old pod that
 /// stays unavailable during an OrderedReady rollout (upstream waits forever, #67250).
 pub const REPLACE_UNAVAILABLE_AFTER: &str = "pilothouse.io/replace-unavailable-after";
 
@@ -68,7 +68,7 @@ pub struct PodView {
     /// ST-34: claim owner references as the policy wants them.
     pub claim_refs_ok: bool,
     /// Since when the pod is not Ready (the Ready condition's lastTransitionTime when False,
-    /// else its creation): B-6.
+    /// else its creation): SB-6.
     pub unready_since: Option<Timestamp>,
 }
 
@@ -122,7 +122,7 @@ pub struct Phase {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     pub phases: Vec<Phase>,
-    /// `M` and `U` of ST-25, for the §7 gauges.
+    /// `M` and `U` of ST-25, for upstream's max-unavailable and unavailable-replicas gauges.
     pub max_unavailable: i32,
     pub unavailable: i32,
     /// When a pod turns Available (minReadySeconds), to look again.
@@ -374,7 +374,7 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
     if monotonic {
         out.phases = vec![replica_phase, claim_phase, condemned_phase];
     } else {
-        // B-4: Parallel scales down before it creates, so a quota-limited set gets room.
+        // SB-4: Parallel scales down before it creates, so a quota-limited set gets room.
         out.phases = vec![claim_phase, condemned_phase, replica_phase];
     }
     out.phases.retain(|p| !p.actions.is_empty());
@@ -443,7 +443,7 @@ fn process_replica(
     if monotonic
         && (p.terminating || !p.running_and_ready() || !p.available(set.min_ready_seconds, now))
     {
-        // B-6 (opt-in): an old pod that has stayed unready past the set's limit is replaced
+        // SB-6 (opt-in): an old pod that has stayed unready past the set's limit is replaced
         // (it returns at the update revision) instead of holding the rollout forever.
         if !p.terminating && !p.ready && p.revision != set.update_revision && overdue(set, p, now) {
             actions.push(Action::DeletePod {
@@ -462,7 +462,7 @@ fn process_replica(
     (actions, false)
 }
 
-/// B-6 replaces only what a rolling update may replace: nothing under OnDelete (ST-31), nothing
+/// SB-6 replaces only what a rolling update may replace: nothing under OnDelete (ST-31), nothing
 /// below the partition (ST-26; such a pod would return at the current revision, still old, and
 /// be replaced again every period).
 fn b6_may_replace(set: &SetView, p: &PodView) -> bool {
@@ -474,7 +474,7 @@ fn b6_may_replace(set: &SetView, p: &PodView) -> bool {
     }
 }
 
-/// B-6: whether `p` has been unready longer than the set's opt-in limit.
+/// SB-6: whether `p` has been unready longer than the set's opt-in limit.
 fn overdue(set: &SetView, p: &PodView, now: Timestamp) -> bool {
     if !b6_may_replace(set, p) {
         return false;
@@ -489,7 +489,7 @@ fn overdue(set: &SetView, p: &PodView, now: Timestamp) -> bool {
 }
 
 /// ST-25..ST-29 (upstream `updateStatefulSetAfterInvariantEstablished`, 1.37 with #137666),
-/// for every set (B-1): the pods deleted for the update, highest index first.
+/// for every set (SB-1): the pods deleted for the update, highest index first.
 fn update_step(
     set: &SetView,
     slots: &[Slot<'_>],
@@ -587,7 +587,7 @@ fn update_step(
     out
 }
 
-/// B-6: when the next old, unready pod becomes overdue.
+/// SB-6: when the next old, unready pod becomes overdue.
 fn overdue_at(set: &SetView, pods: &[PodView], now: Timestamp) -> Option<Duration> {
     let limit = SignedDuration::try_from(set.replace_unavailable_after?).ok()?;
     pods.iter()

@@ -1,8 +1,8 @@
-//! Issue 17 §1: the StatefulSet plan and status at the API-valid extremes, as properties.
+//! PX-1: the StatefulSet plan and status at the API-valid extremes, as properties.
 //! apps/v1 validation: replicas, ordinals.start, partition and minReadySeconds ≥ 0 (up to
 //! i32::MAX); maxUnavailable an integer ≥ 1 or a percentage (1%..100%; "0%" is tried too, as an
 //! object written before that check); pods' ordinals come from their names (any i32, or -1 when
-//! the name has none); Ready transition times anywhere in years 0001..9999; the B-6 annotation any
+//! the name has none); Ready transition times anywhere in years 0001..9999; the SB-6 annotation any
 //! Go duration.
 
 use super::*;

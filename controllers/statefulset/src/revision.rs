@@ -1,6 +1,6 @@
-//! ControllerRevisions (spec §2.3, ST-11..ST-17): the bytes a revision stores, its hash and name,
+//! ControllerRevisions (ST-11..ST-17): the bytes a revision stores, its hash and name,
 //! the object created for it, the per-sync choice between reusing, rolling back to or creating a
-//! revision, the semantic comparison guarding against spurious rollouts (B-2), and history
+//! revision, the semantic comparison guarding against spurious rollouts (SB-2), and history
 //! truncation. Everything here is pure; the sync does the I/O.
 //!
 //! Upstream: `pkg/controller/statefulset/stateful_set_utils.go` (getPatch, newRevision,
@@ -267,7 +267,7 @@ fn write_string(out: &mut Vec<u8>, s: &str) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ST-13 and §1.5: hash and name.
+// ST-13 and ST-11: hash and name.
 
 /// ST-13: 32-bit FNV-1 (not 1a) over `data` and then, when given, the decimal collision count;
 /// the decimal sum passed through `rand.SafeEncodeString` (upstream HashControllerRevision).
@@ -293,9 +293,9 @@ pub fn safe_encode(s: &str) -> String {
         .collect()
 }
 
-/// §1.5: `<set>-<hash>`, the set name cut to its first 223 bytes (upstream ControllerRevisionName
-/// slices bytes; a cut inside a multi-byte character cannot happen for a valid set name, and is
-/// moved back to a character boundary here).
+/// ST-11: `<set>-<hash>`, the set name cut to its first 223 bytes (upstream
+/// ControllerRevisionName slices bytes; a cut inside a multi-byte character cannot happen for a
+/// valid set name, and is moved back to a character boundary here).
 pub fn revision_name(set_name: &str, hash: &str) -> String {
     let mut end = set_name.len().min(223);
     while !set_name.is_char_boundary(end) {
@@ -362,7 +362,7 @@ pub fn new_revision(set: &SetSource<'_>, revision: i64, collision_count: i32) ->
             namespace: Some(set.namespace.into()),
             labels: Some(labels),
             annotations: set.annotations.filter(|a| !a.is_empty()).cloned(),
-            owner_references: Some(vec![shared::refs::controller_ref(&owner)]),
+            owner_references: Some(vec![shared::meta::refs::controller_ref(&owner)]),
             ..Default::default()
         },
         data: RawExtension(serde_json::from_slice(&data).expect("go_json output is JSON")),

@@ -1,4 +1,4 @@
-//! The status a set should have after a sync (ST-40..ST-42, B-3), computed purely from its pods
+//! The status a set should have after a sync (ST-40..ST-42, SB-3), computed purely from its pods
 //! as cached. Upstream: `computeReplicaStatus`, `completeUpdate`, `inconsistentStatus`.
 
 use crate::plan::{PodView, SetView};
@@ -15,7 +15,7 @@ pub struct Inputs<'a> {
     pub now: Timestamp,
 }
 
-/// ST-40, ST-30 with B-3.
+/// ST-40, ST-30 with SB-3.
 pub fn compute(i: &Inputs<'_>, pods: &[PodView]) -> StatefulSetStatus {
     let set = i.set;
     let mut s = StatefulSetStatus {
@@ -58,7 +58,7 @@ pub fn compute(i: &Inputs<'_>, pods: &[PodView]) -> StatefulSetStatus {
     s.available_replicas = Some(available);
     s.current_replicas = Some(current);
     s.updated_replicas = Some(updated);
-    // ST-30 (upstream `completeUpdate`), and B-3: the rollout is complete only when every pod
+    // ST-30 (upstream `completeUpdate`), and SB-3: the rollout is complete only when every pod
     // is also Available.
     let want = set.replicas;
     if updated == want && ready == want && replicas == want && available == want {

@@ -11,15 +11,16 @@ use crate::{Error, act, api, status};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use serde_json::Value;
-use shared::claim;
-use shared::clock::Clock;
-use shared::consistency::Consistency;
-use shared::events::EventRecorder;
-use shared::informers::{INDEX_CONTROLLER_UID, INDEX_ORPHAN_NAMESPACE, Informer, object_key};
-use shared::pod::Pod;
-use shared::queue::{Next, Queue};
-use shared::refs::controller_of;
-use shared::writer::Writer;
+use shared::api::writer::Writer;
+use shared::cache::consistency::Consistency;
+use shared::cache::informers::{INDEX_CONTROLLER_UID, INDEX_ORPHAN_NAMESPACE, Informer};
+use shared::cache::pod::Pod;
+use shared::meta::clock::Clock;
+use shared::meta::keys::object_key;
+use shared::meta::refs::controller_of;
+use shared::runtime::claim;
+use shared::runtime::events::EventRecorder;
+use shared::runtime::queue::{Next, Queue};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,7 +43,7 @@ pub struct StatefulSets {
     pub clock: Arc<dyn Clock>,
     pub metrics: Metrics,
     consistency: Consistency,
-    /// B-7, per set key: the (UID, generation) last warned about (B-7).
+    /// SB-7, per set key: the (UID, generation) last warned about (SB-7).
     zero_grace_warned: Mutex<HashMap<String, (String, i64)>>,
     /// ST-15: (set UID, generation, revision resourceVersion) → equal once defaulted.
     defaulted_matches: Mutex<HashMap<(String, i64, String), bool>>,
@@ -130,7 +131,7 @@ impl StatefulSets {
     }
 
     pub async fn sync(&self, key: &str) -> Result<Next, Error> {
-        // ST-44: act only on caches that show this set's own writes (B-8: revisions too).
+        // ST-44: act only on caches that show this set's own writes (SB-8: revisions too).
         if let Err(behind) = self.consistency.check(key, |r| self.newest(r)) {
             let group =
                 if behind.resource == "controllerrevisions" || behind.resource == "statefulsets" {
@@ -162,10 +163,10 @@ impl StatefulSets {
             return Ok(Next::Done);
         };
         let selector = set.spec.as_ref().and_then(|s| s.selector.as_ref());
-        if let Err(e) = shared::selector::matches(selector, None) {
+        if let Err(e) = shared::meta::selector::matches(selector, None) {
             // Upstream logs and drops the key; an operator gets told which field.
             self.events.warning(
-                &shared::refs::object_reference(set.as_ref()),
+                &shared::meta::refs::object_reference(set.as_ref()),
                 "InvalidSelector",
                 "Sync",
                 format!("spec.selector: {e}"),
@@ -182,7 +183,7 @@ impl StatefulSets {
     fn revisions_of(&self, set: &StatefulSet) -> Vec<Arc<ControllerRevision>> {
         let selector = set.spec.as_ref().and_then(|s| s.selector.as_ref());
         let matches = |r: &ControllerRevision| {
-            shared::selector::matches(selector, r.metadata.labels.as_ref()).unwrap_or(false)
+            shared::meta::selector::matches(selector, r.metadata.labels.as_ref()).unwrap_or(false)
         };
         self.c
             .revisions
@@ -240,7 +241,8 @@ impl StatefulSets {
         };
         let matches = |p: &Pod| {
             member(p)
-                && shared::selector::matches(selector, p.metadata.labels.as_ref()).unwrap_or(false)
+                && shared::meta::selector::matches(selector, p.metadata.labels.as_ref())
+                    .unwrap_or(false)
         };
         let candidates = self
             .c
@@ -339,8 +341,8 @@ impl StatefulSets {
         let equal = match act::defaulted_template(&self.writer, set.namespace(), template).await {
             Ok(t) => revision::semantically_equal(&t, &spec.template),
             Err(e) => {
-                use shared::apierr::ErrorKind as K;
-                match shared::apierr::classify(&e) {
+                use shared::api::apierr::ErrorKind as K;
+                match shared::api::apierr::classify(&e) {
                     K::TooManyRequests
                     | K::Timeout
                     | K::ServerError
@@ -351,7 +353,7 @@ impl StatefulSets {
                         ));
                     }
                     _ => {
-                        tracing::warn!(revision = name, error = %shared::apierr::message(&e),
+                        tracing::warn!(revision = name, error = %shared::api::apierr::message(&e),
                             "the API server would not default a revision's template (ST-15): comparing without defaults");
                         false
                     }
@@ -453,7 +455,7 @@ impl StatefulSets {
                             );
                             break created.metadata.name.unwrap_or_default();
                         }
-                        Err(e) if shared::apierr::is_already_exists(&e) => {
+                        Err(e) if shared::api::apierr::is_already_exists(&e) => {
                             let name = new.object.metadata.name.clone().unwrap_or_default();
                             let found = self
                                 .writer
@@ -524,7 +526,7 @@ impl StatefulSets {
         Ok(())
     }
 
-    /// B-7: a Warning once per generation, and the gauge.
+    /// SB-7: a Warning once per generation, and the gauge.
     fn warn_zero_grace(&self, set: &StatefulSet) {
         let zero = set
             .spec()
@@ -551,7 +553,7 @@ impl StatefulSets {
         }
         warned.insert(key, seen);
         self.events.warning(
-            &shared::refs::object_reference(set),
+            &shared::meta::refs::object_reference(set),
             "UnsafeZeroGracePeriod",
             "Sync",
             "spec.template.spec.terminationGracePeriodSeconds is 0: a replacement pod may start while the old one still runs on the same volume (kubernetes#120671)".to_string(),
@@ -646,9 +648,9 @@ fn claims_error_message(e: &Error) -> String {
         Error::Api(f) => match f.what.strip_prefix("creating claim ") {
             Some(claim) => format!(
                 "failed to create PVC {claim}: {}",
-                shared::apierr::message(&f.source)
+                shared::api::apierr::message(&f.source)
             ),
-            None => shared::apierr::message(&f.source),
+            None => shared::api::apierr::message(&f.source),
         },
         other => other.to_string(),
     }
@@ -663,9 +665,9 @@ fn title(verb: &str) -> String {
 }
 
 impl StatefulSets {
-    /// §1.6: `SuccessfulCreate` / `FailedCreate` (and update, delete) for a pod of the set.
+    /// ST-43: `SuccessfulCreate` / `FailedCreate` (and update, delete) for a pod of the set.
     pub(crate) fn pod_event(&self, set: &StatefulSet, verb: &str, pod: &str, err: Option<&str>) {
-        let subject = shared::refs::object_reference(set);
+        let subject = shared::meta::refs::object_reference(set);
         match err {
             None => self.events.normal(
                 &subject,
@@ -690,9 +692,9 @@ impl StatefulSets {
         }
     }
 
-    /// §1.6 for claims.
+    /// ST-43 for claims (created per ST-32).
     fn claim_event(&self, set: &StatefulSet, claim: &str, pod: &str, err: Option<&kube::Error>) {
-        let subject = shared::refs::object_reference(set);
+        let subject = shared::meta::refs::object_reference(set);
         match err {
             None => self.events.normal(
                 &subject,
@@ -710,7 +712,7 @@ impl StatefulSets {
                 format!(
                     "Create Claim {claim} for Pod {pod} in StatefulSet {} failed error: {}",
                     set.name(),
-                    shared::apierr::message(e)
+                    shared::api::apierr::message(e)
                 ),
             ),
         }
@@ -743,7 +745,7 @@ impl StatefulSets {
                     }
                     // Created meanwhile (by us, not yet cached, or by someone else): fine, but
                     // the sync fails as upstream's does, to retry on a fresher cache.
-                    Err(e) if shared::apierr::is_already_exists(&e) => {
+                    Err(e) if shared::api::apierr::is_already_exists(&e) => {
                         first.get_or_insert(api(format!("creating claim {name}"))(e));
                     }
                     Err(e) => {
@@ -775,7 +777,7 @@ impl StatefulSets {
             let o = owners(set, pod_name, pod_uid, ordinal);
             if identity::has_unexpected_controller(&claim, &o) {
                 self.events.warning(
-                    &shared::refs::object_reference(set),
+                    &shared::meta::refs::object_reference(set),
                     "ConflictingController",
                     "Update",
                     format!("PersistentVolumeClaim {name} has a conflicting OwnerReference that acts as a manging controller, the retention policy is ignored for this claim"),
@@ -827,7 +829,7 @@ impl StatefulSets {
                             set,
                             "update",
                             &name,
-                            Some(&shared::apierr::message(&f.source)),
+                            Some(&shared::api::apierr::message(&f.source)),
                         );
                     }
                     return Err(e);
@@ -836,11 +838,16 @@ impl StatefulSets {
                 Ok(())
             }
             // ST-43: an error without an event.
-            Err(e) if shared::apierr::is_already_exists(&e) => {
+            Err(e) if shared::api::apierr::is_already_exists(&e) => {
                 Err(api(format!("creating pod {name}"))(e))
             }
             Err(e) => {
-                self.pod_event(set, "create", &name, Some(&shared::apierr::message(&e)));
+                self.pod_event(
+                    set,
+                    "create",
+                    &name,
+                    Some(&shared::api::apierr::message(&e)),
+                );
                 Err(api(format!("creating pod {name}"))(e))
             }
         }
@@ -857,9 +864,9 @@ impl StatefulSets {
             // Read-your-writes for deletes too: a cache still showing the pod as running would
             // count it as available (ST-25).
             Ok(rv) => self.wrote(key, "pods", rv.as_deref()),
-            Err(e) if shared::apierr::is_not_found(&e) => {}
+            Err(e) if shared::api::apierr::is_not_found(&e) => {}
             Err(e) => {
-                self.pod_event(set, "delete", name, Some(&shared::apierr::message(&e)));
+                self.pod_event(set, "delete", name, Some(&shared::api::apierr::message(&e)));
                 return Err(api(format!("deleting pod {name}"))(e));
             }
         }
@@ -881,7 +888,7 @@ impl StatefulSets {
                 Ok(())
             }
             Err(e) => {
-                self.pod_event(set, "update", name, Some(&shared::apierr::message(&e)));
+                self.pod_event(set, "update", name, Some(&shared::api::apierr::message(&e)));
                 Err(api(format!("updating pod {name}"))(e))
             }
         }
@@ -900,7 +907,7 @@ pub(crate) struct Observed {
     pub identity_ok: bool,
     /// ST-34.
     pub claim_refs_ok: bool,
-    /// B-6.
+    /// SB-6.
     pub unready_since: Option<k8s_openapi::jiff::Timestamp>,
 }
 
@@ -996,7 +1003,7 @@ impl StatefulSets {
         for name in doomed {
             match act::delete_revision(&self.writer, set.namespace(), &name).await {
                 Ok(()) => {}
-                Err(e) if shared::apierr::is_not_found(&e) => {}
+                Err(e) if shared::api::apierr::is_not_found(&e) => {}
                 Err(e) => return Err(api(format!("deleting revision {name}"))(e)),
             }
         }
@@ -1108,18 +1115,18 @@ impl StatefulSets {
         }
     }
 
-    /// B-6: the opt-in annotation; an invalid value is a Warning naming it, and off.
+    /// SB-6: the opt-in annotation; an invalid value is a Warning naming it, and off.
     fn replace_unavailable_after(&self, set: &StatefulSet) -> Option<Duration> {
         let raw = set
             .metadata
             .annotations
             .as_ref()?
             .get(plan::REPLACE_UNAVAILABLE_AFTER)?;
-        match shared::gocompat::parse_duration(raw) {
+        match shared::meta::gocompat::parse_duration(raw) {
             Ok(ns) if ns > 0 => Some(Duration::from_nanos(ns.unsigned_abs())),
             Ok(_) | Err(_) => {
                 self.events.warning(
-                    &shared::refs::object_reference(set),
+                    &shared::meta::refs::object_reference(set),
                     "InvalidAnnotation",
                     "Sync",
                     format!(
@@ -1159,7 +1166,7 @@ impl StatefulSets {
     ) -> Result<(), Error> {
         if let Some(e) = &planned.invalid {
             self.events.warning(
-                &shared::refs::object_reference(set),
+                &shared::meta::refs::object_reference(set),
                 "InvalidMaxUnavailable",
                 "Update",
                 e.clone(),
@@ -1243,7 +1250,7 @@ impl StatefulSets {
                                 set,
                                 "update",
                                 name,
-                                Some(&shared::apierr::message(&f.source)),
+                                Some(&shared::api::apierr::message(&f.source)),
                             );
                         }
                         return Err(e);

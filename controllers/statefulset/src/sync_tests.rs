@@ -6,9 +6,9 @@ use crate::model::StatefulSet;
 use crate::{DECLARATION, StatefulSetOptions, init};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use serde_json::{Value, json};
-use shared::pod::Pod;
+use shared::api::writer::Call;
+use shared::cache::pod::Pod;
 use shared::testkit::{Kit, Running, eventually, settle};
-use shared::writer::Call;
 use std::time::Duration;
 
 fn set(replicas: i32, policy: &str) -> StatefulSet {
@@ -111,7 +111,7 @@ async fn st20_a_new_ordered_set_creates_its_revision_then_web_0_only() {
     assert_eq!(status["currentRevision"], rev_name.as_str());
     assert_eq!(status["collisionCount"], 0);
     assert_eq!(status["observedGeneration"], 1);
-    // Events as upstream's (§1.6; the verb title-cased, as 1.37 prints it).
+    // Events as upstream's (ST-43; the verb title-cased, as 1.37 prints it).
     assert!(
         kit.api
             .events()
@@ -136,7 +136,7 @@ async fn st21_parallel_creates_every_pod_at_once() {
     running.stop().await;
 }
 
-/// ST-44, B-8: until the watch shows this set's own writes (its new revision and pods), another
+/// ST-44, SB-8: until the watch shows this set's own writes (its new revision and pods), another
 /// sync writes nothing: no second revision, no duplicate pod.
 #[tokio::test(start_paused = true)]
 async fn st44_a_sync_waits_for_the_caches_to_show_its_own_writes() {
@@ -190,7 +190,7 @@ async fn an_invalid_selector_is_a_warning_naming_the_field() {
     running.stop().await;
 }
 
-/// B-6 bad input: an opt-in that is not a duration is a Warning naming the annotation; the set
+/// SB-6 bad input: an opt-in that is not a duration is a Warning naming the annotation; the set
 /// is still synced as upstream would.
 #[tokio::test(start_paused = true)]
 async fn b6_an_invalid_opt_in_is_a_warning_naming_the_annotation() {
@@ -367,7 +367,7 @@ async fn st15_a_changed_template_costs_no_request() {
     running.stop().await;
 }
 
-/// §1.6: a failed write's event carries the API server's message, as upstream's Go error prints
+/// ST-43: a failed write's event carries the API server's message, as upstream's Go error prints
 /// it, not the client's debug form.
 #[tokio::test(start_paused = true)]
 async fn a_failed_create_is_an_event_with_the_api_message() {
@@ -414,7 +414,7 @@ fn renamed(s: StatefulSet, name: &str) -> StatefulSet {
 
 /// The watch catches up with every object of one kind: each whose stored resourceVersion differs
 /// from the cached one (or that is gone from the tracker) is delivered.
-fn catch_up_kind<K: shared::informers::Watched>(kit: &Kit) {
+fn catch_up_kind<K: shared::cache::informers::Watched>(kit: &Kit) {
     let key = |m: &kube::api::ObjectMeta| {
         (
             m.namespace.clone().unwrap_or_default(),
@@ -510,7 +510,7 @@ fn zero_grace_gauge(kit: &Kit, set: &str) -> Option<String> {
     )
 }
 
-/// B-7, ST-39, §7: `terminationGracePeriodSeconds: 0` gets one Warning `UnsafeZeroGracePeriod`
+/// SB-7, ST-39: `terminationGracePeriodSeconds: 0` gets one Warning `UnsafeZeroGracePeriod`
 /// on the set, naming the field, per generation: several syncs of one generation (each status
 /// write fails, so each retry is a whole sync) add nothing; a new generation, still zero, warns
 /// once more; a new generation with a positive grace period does not, and the gauge follows
@@ -595,7 +595,7 @@ async fn b7_zero_grace_period_warns_once_per_generation() {
     running.stop().await;
 }
 
-/// B-7: a positive or absent grace period (the API's default is 30 s) is not warned about; the
+/// SB-7: a positive or absent grace period (the API's default is 30 s) is not warned about; the
 /// gauge says 0 for each set.
 #[tokio::test(start_paused = true)]
 async fn b7_a_positive_or_absent_grace_period_is_not_warned() {
@@ -628,7 +628,7 @@ async fn b7_a_positive_or_absent_grace_period_is_not_warned() {
     running.stop().await;
 }
 
-/// A deleted set's series are removed and its B-7 memory dropped (upstream keeps its gauges
+/// A deleted set's series are removed and its SB-7 memory dropped (upstream keeps its gauges
 /// until the process restarts).
 #[tokio::test(start_paused = true)]
 async fn a_deleted_set_leaves_no_series() {
@@ -660,10 +660,10 @@ async fn a_deleted_set_leaves_no_series() {
     running.stop().await;
 }
 
-/// Issue 17 §1: a real StatefulSet object at the API's extremes, through the whole controller
+/// PX-1: a real StatefulSet object at the API's extremes, through the whole controller
 /// (its conversion into the plan's view included): replicas, partition, minReadySeconds and
 /// revisionHistoryLimit at i32::MAX, maxUnavailable 100%, a claim template with both retention
-/// policies, the B-6 annotation at Go's longest duration, and `ordinals.start` at i32::MAX - 1
+/// policies, the SB-6 annotation at Go's longest duration, and `ordinals.start` at i32::MAX - 1
 /// (so only two ordinals fit in an int32). No panic, every created name a valid ordinal, and the
 /// ordered set creates its first pod only.
 #[tokio::test(start_paused = true)]

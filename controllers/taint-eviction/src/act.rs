@@ -4,9 +4,9 @@ use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
-use shared::apierr::{Classify, ErrorKind};
-use shared::pod::Pod;
-use shared::writer::{Delete, PatchKind, Writer};
+use shared::api::apierr::{Classify, ErrorKind};
+use shared::api::writer::{Delete, PatchKind, Writer};
+use shared::cache::pod::Pod;
 
 pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 pub const REASON: &str = "DeletionByTaintManager";
@@ -31,7 +31,7 @@ impl ActError {
 
     /// A short label for metrics: the HTTP code, or the kind of client-side failure.
     pub fn reason(&self) -> String {
-        shared::apierr::error_reason(self.source())
+        shared::api::apierr::error_reason(self.source())
     }
 }
 
@@ -51,9 +51,9 @@ pub enum Evicted {
 /// 404: deleted. Replaced by another pod of the same name: the delete's UID precondition fails
 /// with 409, the patch carrying the UID with 422 on metadata.uid.
 fn is_gone(e: &kube::Error) -> bool {
-    shared::apierr::is_not_found(e)
-        || shared::apierr::is_conflict(e)
-        || shared::apierr::is_uid_mismatch(e)
+    shared::api::apierr::is_not_found(e)
+        || shared::api::apierr::is_conflict(e)
+        || shared::api::apierr::is_uid_mismatch(e)
 }
 
 /// Whether `pod` already carries our exact condition (then no status write is needed).
@@ -105,7 +105,7 @@ pub async fn evict(
     now: Timestamp,
 ) -> Result<Evicted, ActError> {
     let pod = match writer.get::<Pod>(namespace, name).await {
-        Err(e) if shared::apierr::is_not_found(&e) => return Ok(Evicted::Gone),
+        Err(e) if shared::api::apierr::is_not_found(&e) => return Ok(Evicted::Gone),
         Err(e) => return Err(ActError::Get(e)),
         Ok(p) if p.metadata.uid.as_deref() != Some(uid) => return Ok(Evicted::Gone),
         Ok(p) => p,
@@ -138,7 +138,7 @@ pub async fn evict(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::pod::PodStatus;
+    use shared::cache::pod::PodStatus;
 
     fn pod_with(conds: Vec<PodCondition>, generation: Option<i64>) -> Pod {
         Pod {

@@ -1,10 +1,10 @@
 //! `taint-eviction-controller`: deletes pods from nodes with NoExecute taints they do not
-//! tolerate, at once or after their `tolerationSeconds` (spec §3, TE-1..TE-11).
+//! tolerate, at once or after their `tolerationSeconds` (TE-1..TE-11).
 //!
 //! Wiring only: one queue keyed by pod (`namespace/name`), fed by node taint changes and pod
 //! changes; [`sync`] is one pod's sync, [`plan`] its pure decisions, [`act`] its writes.
 
-// Time arithmetic must not panic (issue 17; clippy::arithmetic_side_effects is denied in the
+// Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
 // workspace lints). Tests may use plain operators on the instants they build.
 #![cfg_attr(
     test,
@@ -20,12 +20,14 @@ mod sync_tests;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use shared::apierr::{Classify, ErrorKind};
-use shared::controller::{Controller, Declaration, InitError, Registration, Setup};
-use shared::informers::{Change, INDEX_POD_NODE, object_key, pod_by_node};
-use shared::pod::Pod;
-use shared::projection::PodFields;
-use shared::ratelimit::BackoffConfig;
+use shared::api::apierr::{Classify, ErrorKind};
+use shared::api::ratelimit::BackoffConfig;
+use shared::cache::informers::Change;
+use shared::cache::pod::Pod;
+use shared::cache::pod::{INDEX_POD_NODE, pod_by_node};
+use shared::cache::projection::PodFields;
+use shared::meta::keys::object_key;
+use shared::runtime::controller::{Controller, Declaration, InitError, Registration, Setup};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Pure decisions of the taint-eviction controller (spec §3, TE-2..TE-5): which NoExecute taints
+//! Pure decisions of the taint-eviction controller (TE-2..TE-5): which NoExecute taints
 //! a pod tolerates and for how long, and what that means for its eviction timer.
 
 use k8s_openapi::api::core::v1::{Node, Taint, Toleration};
@@ -173,10 +173,10 @@ pub fn step(verdict: Verdict, uid: &str, timer: Option<&Timer>, now: Instant) ->
             },
         },
         Verdict::EvictAfter(d) => {
-            // B-5: the start is kept and the deadline follows the current minimum.
+            // NB-5: the start is kept and the deadline follows the current minimum.
             let start = timer.map_or(now, |t| t.start);
             // tolerationSeconds may be up to i64::MAX: cap instead of overflowing the Instant.
-            let deadline = shared::queue::far_or(start, d);
+            let deadline = shared::meta::clock::far_or(start, d);
             if deadline <= now {
                 Step::Fire {
                     due: deadline,
@@ -397,7 +397,7 @@ mod tests {
                 t0 + s(10),
                 Step::Wait(timer(t0, 30)),
             ),
-            // B-5: the deadline follows the current minimum, from the original start.
+            // NB-5: the deadline follows the current minimum, from the original start.
             (
                 Verdict::EvictAfter(s(120)),
                 Some(timer(t0, 60)),

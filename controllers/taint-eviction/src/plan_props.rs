@@ -1,4 +1,4 @@
-//! Issue 17 §1: the taint-eviction decisions at the API-valid extremes, as properties.
+//! PX-1: the taint-eviction decisions at the API-valid extremes, as properties.
 //! `tolerationSeconds` is any int64 (negative and zero mean "evict now", i64::MAX is accepted);
 //! taint and toleration values are any strings (Lt/Gt compare them as decimal integers, which may
 //! not parse or may be out of int64's range); keys may repeat (duplicate list entries).
@@ -88,7 +88,7 @@ proptest! {
             Timer {
                 uid: if same_uid { "u" } else { "other" }.into(),
                 start,
-                deadline: shared::queue::far_or(start, Duration::from_secs(age / 2)),
+                deadline: shared::meta::clock::far_or(start, Duration::from_secs(age / 2)),
             }
         });
         match step(v, "u", timer.as_ref(), now) {

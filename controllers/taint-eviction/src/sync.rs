@@ -5,12 +5,14 @@
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::{Error, act, plan};
 use k8s_openapi::api::core::v1::{Node, Toleration};
-use shared::clock::Clock;
-use shared::events::{EventRecorder, core_ref};
-use shared::flags::FeatureGates;
-use shared::informers::{INDEX_POD_NODE, Informer, object_key, split_key};
-use shared::pod::Pod;
-use shared::queue::{Next, Queue};
+use shared::cache::informers::Informer;
+use shared::cache::pod::INDEX_POD_NODE;
+use shared::cache::pod::Pod;
+use shared::meta::clock::Clock;
+use shared::meta::keys::{object_key, split_key};
+use shared::runtime::events::{EventRecorder, core_ref};
+use shared::runtime::gates::FeatureGates;
+use shared::runtime::queue::{Next, Queue};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,7 +34,7 @@ pub struct TaintEviction {
     pub pods: Arc<Informer<Pod>>,
     pub nodes: Arc<Informer<Node>>,
     pub queue: Arc<Queue<String>>,
-    pub writer: shared::writer::Writer,
+    pub writer: shared::api::writer::Writer,
     pub events: EventRecorder,
     pub gates: FeatureGates,
     pub clock: Arc<dyn Clock>,
@@ -61,7 +63,7 @@ impl TaintEviction {
         pods: Arc<Informer<Pod>>,
         nodes: Arc<Informer<Node>>,
         queue: Arc<Queue<String>>,
-        writer: shared::writer::Writer,
+        writer: shared::api::writer::Writer,
         events: EventRecorder,
         gates: FeatureGates,
         clock: Arc<dyn Clock>,

@@ -4,10 +4,10 @@
 use crate::{DECLARATION, init};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint, Toleration};
 use kube::api::ObjectMeta;
-use shared::pod::Pod;
-use shared::pod::PodSpec;
+use shared::api::writer::Call;
+use shared::cache::pod::Pod;
+use shared::cache::pod::PodSpec;
 use shared::testkit::{Kit, eventually};
-use shared::writer::Call;
 use std::time::Duration;
 
 fn node(name: &str, taints: &[(&str, &str)]) -> Node {

@@ -1,9 +1,10 @@
 //! /healthz, /livez, /readyz and /metrics: one router, served over HTTPS behind delegated
 //! authorization (`serving.rs`) and, only when asked for, over plain HTTP.
 
+use crate::cache::informers::Informers;
 use crate::election::LeaderElector;
-use crate::informers::Informers;
 use crate::metrics::Metrics;
+use crate::runtime::conflicts::Conflicts;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -16,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 pub struct Health {
     pub metrics: Arc<Metrics>,
     pub informers: Arc<Informers>,
+    /// The kcm double-run guard, which fails readiness while it sees kcm at work.
+    pub conflicts: Arc<Conflicts>,
     pub elector: Option<Arc<LeaderElector>>,
 }
 
@@ -34,7 +37,7 @@ async fn healthz(State(h): State<Health>) -> impl IntoResponse {
 /// last such write), so the conflict shows wherever readiness is watched.
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     let unsynced = h.informers.unsynced();
-    if let Some(c) = h.informers.conflicts().recent(crate::conflicts::unix_now()) {
+    if let Some(c) = h.conflicts.recent(crate::meta::clock::unix_now()) {
         return (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!(

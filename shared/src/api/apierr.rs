@@ -110,10 +110,18 @@ pub fn classify(e: &kube::Error) -> ErrorKind {
     }
 }
 
+/// A write refused before it was sent: this replica does not (or no longer surely) lead.
+#[derive(Debug, thiserror::Error)]
+#[error("refused {method} {path}: this replica is not (or no longer surely) the leader")]
+pub struct NotLeading {
+    pub method: http::Method,
+    pub path: String,
+}
+
 fn is_not_leading(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(err) = cur {
-        if err.is::<crate::client::NotLeading>() {
+        if err.is::<NotLeading>() {
             return true;
         }
         cur = err.source();

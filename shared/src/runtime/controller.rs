@@ -8,19 +8,17 @@
 //! leader gate (handlers, starters and periodic tasks act only while leading), workers, per-sync
 //! metrics and panic containment, and draining on shutdown.
 
-use crate::apierr::Classify;
-use crate::client::{self, ClientSpec, WriteFence};
-use crate::clock::Clock;
-use crate::events::EventRecorder;
-use crate::flags::{ControllerInfo, FeatureGates};
-use crate::informers::{Change, Informer, Informers, Watched};
+use crate::api::apierr::Classify;
+use crate::api::ratelimit::BackoffConfig;
+use crate::api::writer::Writer;
+use crate::cache::informers::{Change, Informer, Informers, Watched};
+use crate::meta::clock::Clock;
 use crate::metrics::{ControllerLabel, Metrics, SyncLabels, SyncResultLabels};
-use crate::queue::{Next, Queue, QueueKey};
-use crate::ratelimit::BackoffConfig;
-use crate::writer::Writer;
+use crate::runtime::events::EventRecorder;
+use crate::runtime::gates::FeatureGates;
+use crate::runtime::queue::{Next, Queue, QueueKey};
 use futures::FutureExt;
 use futures::future::{BoxFuture, join_all};
-use kube::Config;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +49,17 @@ pub struct Declaration {
     pub aliases: &'static [&'static str],
     /// The events' source component, upstream's name for it (usually `name`).
     pub event_source: &'static str,
+    pub on_by_default: bool,
+}
+
+/// A controller Pilothouse hosts or plans to host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControllerInfo {
+    /// Canonical kube-controller-manager name, e.g. `job-controller`.
+    pub name: &'static str,
+    /// kube-controller-manager's aliases, e.g. `job`.
+    pub aliases: &'static [&'static str],
+    pub built: bool,
     pub on_by_default: bool,
 }
 
@@ -115,69 +124,6 @@ fn info(d: &Declaration, built: bool) -> ControllerInfo {
         aliases: d.aliases,
         built,
         on_by_default: d.on_by_default,
-    }
-}
-
-/// Shared inputs for building each controller's [`Setup`].
-pub struct SetupFactory {
-    pub config: Config,
-    pub qps: f32,
-    pub burst: u32,
-    pub fence: Option<Arc<dyn WriteFence>>,
-    pub informers: Arc<Informers>,
-    pub metrics: Arc<Metrics>,
-    pub identity: String,
-    pub gates: FeatureGates,
-    /// `--use-service-account-credentials`: each controller's token, by controller name.
-    pub credentials: std::collections::HashMap<&'static str, Arc<crate::credentials::BearerToken>>,
-}
-
-impl SetupFactory {
-    pub fn setup(&self, declaration: &Declaration) -> Result<Setup, InitError> {
-        let name = declaration.name;
-        // One budget per controller, as its flags say: its events come out of the same bucket
-        // (as upstream's share the controller's client), but only from tokens its object
-        // writes leave free; what cannot wait is dropped and counted by the recorder.
-        let bucket = Arc::new(crate::ratelimit::TokenBucket::new(
-            f64::from(self.qps),
-            self.burst,
-        ));
-        let bearer = self.credentials.get(name).cloned();
-        let spec = |low_priority: bool| ClientSpec {
-            controller: name.to_string(),
-            qps: self.qps,
-            burst: self.burst,
-            fence: self.fence.clone(),
-            bucket: Some(Arc::clone(&bucket)),
-            low_priority,
-            bearer: bearer.clone(),
-        };
-        // Under its own ServiceAccount a controller sends only that token: none of this
-        // process's credentials (client certificate, token, exec plugin) are kept.
-        let config = match bearer {
-            Some(_) => {
-                let mut c = self.config.clone();
-                c.auth_info = kube::config::AuthInfo::default();
-                c
-            }
-            None => self.config.clone(),
-        };
-        let client = client::build(&config, spec(false), &self.metrics)?;
-        let events_client = client::build(&config, spec(true), &self.metrics)?;
-        Ok(Setup {
-            name,
-            writer: Writer::from_client(client),
-            events: EventRecorder::new(
-                Writer::from_client(events_client),
-                declaration.event_source,
-                &self.identity,
-            )
-            .with_drops(self.metrics.events_dropped(name)),
-            informers: Arc::clone(&self.informers),
-            metrics: Arc::clone(&self.metrics),
-            gates: self.gates,
-            clock: crate::clock::system(),
-        })
     }
 }
 
@@ -378,8 +324,10 @@ impl Wiring {
         let contain = self.containment("periodic task");
         self.serves.push(Box::new(move |stop: CancellationToken| {
             async move {
-                let mut tick =
-                    tokio::time::interval_at(crate::queue::far_or(Instant::now(), period), period);
+                let mut tick = tokio::time::interval_at(
+                    crate::meta::clock::far_or(Instant::now(), period),
+                    period,
+                );
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
@@ -489,7 +437,7 @@ pub async fn serve<K, F, Fut, E>(
                     Ok(Err(e)) => {
                         let _g = span.enter();
                         let retries = queue.num_requeues(&key);
-                        if e.kind() == crate::apierr::ErrorKind::StaleCache {
+                        if e.kind() == crate::api::apierr::ErrorKind::StaleCache {
                             tracing::debug!(retries, error = %e, "cache behind this replica's writes; retrying with backoff");
                         } else {
                             tracing::warn!(retries, error = %e, "sync failed; retrying with backoff");
@@ -531,7 +479,7 @@ pub async fn serve<K, F, Fut, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apierr::ErrorKind;
+    use crate::api::apierr::ErrorKind;
     use std::sync::atomic::AtomicUsize;
 
     #[derive(Debug)]

@@ -41,7 +41,7 @@ pub fn is_controlled_by(meta: &ObjectMeta, owner_uid: &str) -> bool {
 
 /// Whether the object's controller reference names kind `K` (in `K`'s group, any version) with
 /// `owner_uid`: for controllers that must not act on objects another kind happens to control
-/// under a look-alike reference (CronJob's B-7).
+/// under a look-alike reference (CronJob's JB-7).
 pub fn is_controlled_by_kind<K: Resource<DynamicType = ()>>(
     meta: &ObjectMeta,
     owner_uid: &str,
@@ -87,7 +87,7 @@ pub fn object_reference<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectReferen
 /// upstream builds them by hand (taint eviction's pod events). Add the UID where upstream has
 /// it: `ObjectReference { uid, ..object_reference_by_key::<Node>(name) }`.
 pub fn object_reference_by_key<K: Resource<DynamicType = ()>>(key: &str) -> ObjectReference {
-    let (namespace, name) = crate::informers::split_key(key);
+    let (namespace, name) = crate::meta::keys::split_key(key);
     ObjectReference {
         api_version: Some(K::api_version(&()).into_owned()),
         kind: Some(K::kind(&()).into_owned()),
@@ -290,11 +290,11 @@ mod tests {
     fn object_reference_by_key_matches_core_ref() {
         assert_eq!(
             object_reference_by_key::<Pod>("ns/p"),
-            crate::events::core_ref("Pod", "ns/p")
+            crate::runtime::events::core_ref("Pod", "ns/p")
         );
         assert_eq!(
             object_reference_by_key::<Node>("n"),
-            crate::events::core_ref("Node", "n")
+            crate::runtime::events::core_ref("Node", "n")
         );
         let j = object_reference_by_key::<Job>("ns/pi");
         assert_eq!(

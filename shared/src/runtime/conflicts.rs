@@ -5,7 +5,9 @@
 //! ([`REASON`]), `pilothouse_conflicting_writes_total`, and `/readyz` failing with the
 //! controller, object and time for 10 minutes after the last one.
 
-use crate::events::EventRecorder;
+use crate::cache::informers::MetaObserver;
+use crate::meta::clock::unix_now;
+use crate::runtime::events::EventRecorder;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -26,14 +28,6 @@ const PRUNE_SECONDS: i64 = 60;
 /// managedFields times have one-second resolution: a kcm write in the second we took over is
 /// kcm finishing, not kcm running.
 const GRACE_SECONDS: i64 = 2;
-
-/// Now, in Unix seconds (the resolution of managedFields times).
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
 
 /// What one of our controllers owns, as kcm's counterpart writes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,6 +322,13 @@ impl Conflicts {
     }
 }
 
+/// The caches show the guard every object as it arrives, managedFields included.
+impl MetaObserver for Conflicts {
+    fn observe(&self, resource: &str, meta: &ObjectMeta) {
+        Conflicts::observe(self, resource, meta);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -467,7 +468,7 @@ mod tests {
                 .calls()
                 .into_iter()
                 .filter_map(|call| match call {
-                    crate::writer::Call::Create(t, v) if t.plural == "events" => Some(v),
+                    crate::api::writer::Call::Create(t, v) if t.plural == "events" => Some(v),
                     _ => None,
                 })
                 .collect();
@@ -529,9 +530,8 @@ mod tests {
                 .calls()
                 .into_iter()
                 .filter(|call| match call {
-                    crate::writer::Call::Create(t, _) | crate::writer::Call::Patch(t, _, _) => {
-                        t.plural == "events"
-                    }
+                    crate::api::writer::Call::Create(t, _)
+                    | crate::api::writer::Call::Patch(t, _, _) => t.plural == "events",
                     _ => false,
                 })
                 .count()

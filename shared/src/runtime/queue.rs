@@ -3,8 +3,8 @@
 //! when `done` is called), retries back off per key, delayed adds keep the earliest time, and the
 //! `workqueue_*` metrics are kept under the queue's upstream name.
 
+use crate::api::ratelimit::{BackoffConfig, ItemBackoff};
 use crate::metrics::{Metrics, NameLabel, WorkqueueMetrics};
-use crate::ratelimit::{BackoffConfig, ItemBackoff};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
@@ -14,14 +14,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The latest a delayed add waits: far enough to mean "never" for any controller, near enough
-/// that every platform's `Instant` can hold it.
-pub const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-
-/// `now + delay`, capped at `now + FAR_FUTURE`: never panics on a user-supplied duration.
-pub fn far_or(now: Instant, delay: Duration) -> Instant {
-    now.checked_add(delay.min(FAR_FUTURE)).unwrap_or(now)
-}
+use crate::meta::clock::far_or;
 
 pub trait QueueKey: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static {}
 impl<T: Clone + Eq + Hash + Ord + Debug + Send + Sync + 'static> QueueKey for T {}
@@ -115,7 +108,7 @@ impl<K: QueueKey> Queue<K> {
     }
 
     /// Queues `key` after `delay`; of several pending delays the earliest wins. A delay past
-    /// what an `Instant` can hold (a user's int64 seconds) is capped at [`FAR_FUTURE`].
+    /// what an `Instant` can hold (a user's int64 seconds) is capped at [`crate::meta::clock::FAR_FUTURE`].
     pub fn add_after(&self, key: K, delay: Duration) {
         if delay.is_zero() {
             return self.add(key);

@@ -3,9 +3,13 @@
 //! which options were set explicitly so that no config default overrides a flag.
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, Args, ValueEnum};
+use clap::{ArgMatches, Args};
 use std::collections::BTreeSet;
 use std::time::Duration;
+
+use crate::runtime::controller::ControllerInfo;
+use crate::runtime::gates::FeatureGates;
+use crate::serving::logging::LoggingFormat;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FlagError {
@@ -19,13 +23,6 @@ pub enum FlagError {
     ResourceLock(String),
     #[error("--feature-gates: {0}")]
     FeatureGate(String),
-}
-
-/// Feature gates Pilothouse reads, with kube-controller-manager 1.37's defaults (all off).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FeatureGates {
-    /// Alpha in 1.37 (default off): `Lt`/`Gt` toleration operators.
-    pub taint_toleration_comparison_operators: bool,
 }
 
 impl FeatureGates {
@@ -98,10 +95,10 @@ impl FeatureGates {
 }
 
 /// Parses a duration flag as Go's `time.ParseDuration` does (the one parser, in
-/// [`crate::gocompat`]); negative durations make no sense for any of our options.
+/// [`crate::meta::gocompat`]); negative durations make no sense for any of our options.
 pub fn parse_go_duration(s: &str) -> Result<Duration, FlagError> {
     let nanos =
-        crate::gocompat::parse_duration(s).map_err(|_| FlagError::Duration(s.to_string()))?;
+        crate::meta::gocompat::parse_duration(s).map_err(|_| FlagError::Duration(s.to_string()))?;
     u64::try_from(nanos)
         .map(Duration::from_nanos)
         .map_err(|_| FlagError::Duration(s.to_string()))
@@ -110,12 +107,6 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, FlagError> {
 /// clap value parser for Go-style durations.
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_go_duration(s).map_err(|e| e.to_string())
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LoggingFormat {
-    Text,
-    Json,
 }
 
 /// The manager's own options (controllers add theirs beside these).
@@ -254,17 +245,6 @@ impl SetFlags {
     pub fn is_set(&self, name: &str) -> bool {
         self.0.contains(&name.replace('_', "-"))
     }
-}
-
-/// A controller Pilothouse hosts or plans to host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ControllerInfo {
-    /// Canonical kube-controller-manager name, e.g. `job-controller`.
-    pub name: &'static str,
-    /// kube-controller-manager's aliases, e.g. `job`.
-    pub aliases: &'static [&'static str],
-    pub built: bool,
-    pub on_by_default: bool,
 }
 
 /// Resolves `--controllers` to the canonical names of the controllers to run, as

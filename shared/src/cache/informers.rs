@@ -7,8 +7,9 @@
 //! and must only map the event to keys and enqueue them: nothing blocks, so no consumer can stall
 //! the watch (unlike a bounded broadcast).
 
-use crate::projection::PodFields;
+use crate::meta::keys::{ObjectKey, object_key, shrink_meta};
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -17,27 +18,10 @@ use serde::de::DeserializeOwned;
 use std::any::{Any, TypeId};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
-
-/// `namespace/name`, or `name` for cluster-scoped objects (client-go's MetaNamespaceKey).
-pub type ObjectKey = String;
-
-pub fn object_key<K: Resource>(obj: &K) -> ObjectKey {
-    let meta = obj.meta();
-    let name = meta.name.as_deref().unwrap_or_default();
-    match meta.namespace.as_deref() {
-        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_string(),
-    }
-}
-
-/// Splits a key into (namespace, name); namespace is empty for cluster-scoped keys.
-pub fn split_key(key: &str) -> (&str, &str) {
-    key.split_once('/').unwrap_or(("", key))
-}
 
 pub trait Watched:
     Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
@@ -113,21 +97,18 @@ pub struct Informer<K> {
     handlers: RwLock<Vec<Handler<K>>>,
     synced: AtomicBool,
     synced_tx: tokio_watch::Sender<bool>,
-    /// The pod fields the enabled controllers declared (used only by the pod informer).
-    pod_fields: Arc<AtomicU32>,
-    /// Sees managedFields before they are dropped (kcm still writing what we own).
-    conflicts: Arc<crate::conflicts::Conflicts>,
+    /// What every object goes through before it is cached (shared with the registry).
+    transforms: Arc<Transforms>,
     /// The highest resourceVersion the watch has delivered (read-your-writes: a write returning
     /// a lower or equal one is in the cache).
     newest: AtomicU64,
 }
 
 impl<K: Watched> Informer<K> {
-    fn new(pod_fields: Arc<AtomicU32>, conflicts: Arc<crate::conflicts::Conflicts>) -> Self {
+    fn new(transforms: Arc<Transforms>) -> Self {
         let (synced_tx, _) = tokio_watch::channel(false);
         Informer {
-            pod_fields,
-            conflicts,
+            transforms,
             resource: K::plural(&()).into_owned(),
             state: RwLock::new(StoreState {
                 objects: HashMap::new(),
@@ -147,10 +128,7 @@ impl<K: Watched> Informer<K> {
 
     /// Registers a handler. Handlers must be cheap and non-blocking (map to keys, enqueue).
     pub fn on_change(&self, handler: impl Fn(&Change<K>) + Send + Sync + 'static) {
-        self.handlers
-            .write()
-            .expect("handlers lock")
-            .push(Box::new(handler));
+        crate::write(&self.handlers).push(Box::new(handler));
     }
 
     /// Adds a named index. Adding the same name twice keeps the first (indexes are shared).
@@ -159,7 +137,7 @@ impl<K: Watched> Informer<K> {
         name: &'static str,
         func: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
     ) {
-        let mut s = self.state.write().expect("store lock");
+        let mut s = crate::write(&self.state);
         if s.indexes.contains_key(name) {
             return;
         }
@@ -176,26 +154,15 @@ impl<K: Watched> Informer<K> {
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.state
-            .read()
-            .expect("store lock")
-            .objects
-            .get(key)
-            .cloned()
+        crate::read(&self.state).objects.get(key).cloned()
     }
 
     pub fn list(&self) -> Vec<Arc<K>> {
-        self.state
-            .read()
-            .expect("store lock")
-            .objects
-            .values()
-            .cloned()
-            .collect()
+        crate::read(&self.state).objects.values().cloned().collect()
     }
 
     pub fn len(&self) -> usize {
-        self.state.read().expect("store lock").objects.len()
+        crate::read(&self.state).objects.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -204,7 +171,7 @@ impl<K: Watched> Informer<K> {
 
     /// Objects whose index `name` yields `value`. An unknown index name is a programming error.
     pub fn by_index(&self, name: &str, value: &str) -> Vec<Arc<K>> {
-        let s = self.state.read().expect("store lock");
+        let s = crate::read(&self.state);
         let index = s
             .indexes
             .get(name)
@@ -242,7 +209,7 @@ impl<K: Watched> Informer<K> {
     }
 
     fn notify(&self, change: Change<K>) {
-        for h in self.handlers.read().expect("handlers lock").iter() {
+        for h in crate::read(&self.handlers).iter() {
             h(&change);
         }
     }
@@ -252,7 +219,7 @@ impl<K: Watched> Informer<K> {
         let key = object_key(&obj);
         let new = Arc::new(obj);
         let old = {
-            let mut s = self.state.write().expect("store lock");
+            let mut s = crate::write(&self.state);
             let old = s.objects.insert(key.clone(), Arc::clone(&new));
             if let Some(o) = &old {
                 s.index_remove(&key, o);
@@ -270,7 +237,7 @@ impl<K: Watched> Informer<K> {
         self.saw(&obj);
         let key = object_key(&obj);
         let removed = {
-            let mut s = self.state.write().expect("store lock");
+            let mut s = crate::write(&self.state);
             let removed = s.objects.remove(&key);
             if let Some(o) = &removed {
                 s.index_remove(&key, o);
@@ -286,7 +253,7 @@ impl<K: Watched> Informer<K> {
     fn replace(&self, listed: HashMap<ObjectKey, K>) {
         let mut changes = Vec::new();
         {
-            let mut s = self.state.write().expect("store lock");
+            let mut s = crate::write(&self.state);
             let gone: Vec<ObjectKey> = s
                 .objects
                 .keys()
@@ -425,34 +392,45 @@ impl<K: Watched> Informer<K> {
 }
 
 impl<K: Watched> Informer<K> {
-    /// What the cache keeps of an object: no managedFields, and of a pod only what the enabled
-    /// controllers declared ([`crate::projection`]).
-    fn strip(&self, obj: K) -> K {
-        self.conflicts.observe(&self.resource, obj.meta());
-        strip(
-            obj,
-            PodFields::from_bits(self.pod_fields.load(Ordering::Acquire)),
-        )
+    /// What the cache keeps of an object: the observers see it whole, then it loses its
+    /// managedFields and goes through its type's transform (e.g. the pod projection).
+    fn strip(&self, mut obj: K) -> K {
+        for o in crate::read(&self.transforms.observers).iter() {
+            o.observe(&self.resource, obj.meta());
+        }
+        obj.meta_mut().managed_fields = None;
+        shrink_meta(obj.meta_mut());
+        if let Some(f) = self.transforms.of::<K>() {
+            f(&mut obj);
+        }
+        obj
     }
 }
 
-fn strip<K: Resource + 'static>(mut obj: K, fields: PodFields) -> K {
-    obj.meta_mut().managed_fields = None;
-    shrink_meta(obj.meta_mut());
-    if let Some(pod) = (&mut obj as &mut dyn Any).downcast_mut::<crate::pod::Pod>() {
-        crate::projection::project_pod(pod, fields);
-    }
-    obj
+/// Sees every object's metadata as a watch delivers it, managedFields included, before the
+/// cache drops them (the kube-controller-manager double-run guard is one).
+pub trait MetaObserver: Send + Sync {
+    fn observe(&self, resource: &str, meta: &ObjectMeta);
 }
 
-/// Gives back the spare capacity of the metadata's lists (deserialized `Vec`s keep room for
-/// four elements), as every cached object has them.
-pub(crate) fn shrink_meta(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
-    if let Some(v) = meta.finalizers.as_mut() {
-        v.shrink_to_fit();
-    }
-    if let Some(v) = meta.owner_references.as_mut() {
-        v.shrink_to_fit();
+/// A type's transform: changes an object in place before it is cached.
+pub type TransformFn<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
+
+/// The observers and per-type transforms of the registry, read by every informer.
+#[derive(Default)]
+pub struct Transforms {
+    observers: RwLock<Vec<Arc<dyn MetaObserver>>>,
+    /// `TypeId` of `K` → `TransformFn<K>`.
+    by_type: RwLock<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    /// State a transform keeps per registry, by its type (see [`Informers::extension`]).
+    extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl Transforms {
+    fn of<K: 'static>(&self) -> Option<TransformFn<K>> {
+        crate::read(&self.by_type)
+            .get(&TypeId::of::<K>())
+            .and_then(|f| f.downcast_ref::<TransformFn<K>>().cloned())
     }
 }
 
@@ -475,26 +453,16 @@ pub fn by_controller_uid<K: Resource>(obj: &K) -> Vec<String> {
 /// Index function: the namespace of an object without a controlling owner (the candidates for
 /// adoption there).
 pub fn orphan_by_namespace<K: Resource>(obj: &K) -> Vec<String> {
-    if crate::refs::controller_of(obj.meta()).is_some() {
+    if crate::meta::refs::controller_of(obj.meta()).is_some() {
         Vec::new()
     } else {
         by_namespace(obj)
     }
 }
 
-/// Index function: a pod's node.
-pub fn pod_by_node(pod: &crate::pod::Pod) -> Vec<String> {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .into_iter()
-        .collect()
-}
-
 pub const INDEX_NAMESPACE: &str = "namespace";
 pub const INDEX_CONTROLLER_UID: &str = "controller-uid";
 pub const INDEX_ORPHAN_NAMESPACE: &str = "orphan-namespace";
-pub const INDEX_POD_NODE: &str = "pod-node";
 
 trait AnyInformer: Send + Sync {
     fn as_any(&self) -> Arc<dyn Any + Send + Sync>;
@@ -541,8 +509,7 @@ impl<K: Watched> AnyInformer for Entry<K> {
 /// The process's informer registry.
 pub struct Informers {
     client: Client,
-    pod_fields: Arc<AtomicU32>,
-    conflicts: Arc<crate::conflicts::Conflicts>,
+    transforms: Arc<Transforms>,
     stop: CancellationToken,
     entries: Mutex<Vec<(TypeId, Box<dyn AnyInformer>)>>,
     started: AtomicBool,
@@ -552,8 +519,7 @@ impl Informers {
     pub fn new(client: Client, stop: CancellationToken) -> Arc<Self> {
         Arc::new(Informers {
             client,
-            pod_fields: Arc::default(),
-            conflicts: Arc::default(),
+            transforms: Arc::default(),
             stop,
             entries: Mutex::new(Vec::new()),
             started: AtomicBool::new(false),
@@ -614,10 +580,7 @@ impl Informers {
                 .expect("type id matches");
         }
         let entry = Entry {
-            informer: Arc::new(Informer::<K>::new(
-                Arc::clone(&self.pod_fields),
-                Arc::clone(&self.conflicts),
-            )),
+            informer: Arc::new(Informer::<K>::new(Arc::clone(&self.transforms))),
             started: AtomicBool::new(false),
             namespace,
             api,
@@ -630,23 +593,28 @@ impl Informers {
         informer
     }
 
-    /// The guard against kube-controller-manager still running one of our controllers.
-    pub fn conflicts(&self) -> Arc<crate::conflicts::Conflicts> {
-        Arc::clone(&self.conflicts)
+    /// Adds an observer of every object of every type (before the caches start).
+    pub fn observe(&self, observer: Arc<dyn MetaObserver>) {
+        crate::write(&self.transforms.observers).push(observer);
     }
 
-    /// A controller declares the pod fields it reads (before the caches start); the pod cache
-    /// keeps the union of the declarations.
-    pub fn read_pod_fields(&self, fields: PodFields) {
-        self.pod_fields.fetch_or(fields.bits(), Ordering::AcqRel);
+    /// Sets `K`'s transform (before the caches start); a later one replaces it.
+    pub fn transform<K: Watched>(&self, f: TransformFn<K>) {
+        crate::write(&self.transforms.by_type).insert(TypeId::of::<K>(), Arc::new(f));
     }
 
-    /// The union of the declared pod fields.
-    pub fn pod_fields(&self) -> PodFields {
-        PodFields::from_bits(self.pod_fields.load(Ordering::Acquire))
+    /// The registry's one `T`, made on first use: state a transform shares with the code that
+    /// configures it (e.g. the union of declared pod fields).
+    pub fn extension<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let any = Arc::clone(
+            crate::lock(&self.transforms.extensions)
+                .entry(TypeId::of::<T>())
+                .or_insert_with(|| Arc::new(T::default())),
+        );
+        any.downcast::<T>()
+            .unwrap_or_else(|_| unreachable!("extensions are keyed by their own type"))
     }
 
-    /// Starts every informer requested so far.
     pub fn start(&self) {
         self.started.store(true, Ordering::Release);
         for (_, e) in crate::lock(&self.entries).iter() {
@@ -683,6 +651,9 @@ impl Informers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::pod::{INDEX_POD_NODE, pod_by_node};
+    use crate::cache::projection::PodFields;
+    use crate::meta::keys::split_key;
 
     #[test]
     fn a_refused_streaming_list_is_told_from_other_watch_errors() {
@@ -700,7 +671,7 @@ mod tests {
         assert!(!streaming_refused(&start(500)));
         assert!(!streaming_refused(&watcher::Error::WatchError(status(410))));
     }
-    use crate::pod::{Pod, PodSpec};
+    use crate::cache::pod::{Pod, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
         ManagedFieldsEntry, ObjectMeta, OwnerReference,
     };
@@ -757,7 +728,8 @@ mod tests {
             .build()
             .unwrap();
         let _guard = rt.enter();
-        let informers = Informers::new(Client::try_from(config).unwrap(), CancellationToken::new());
+        let informers =
+            crate::cache::registry(Client::try_from(config).unwrap(), CancellationToken::new());
         informers.read_pod_fields(PodFields::TOLERATIONS);
         informers.read_pod_fields(PodFields::CONTAINER_STATUSES);
         let pods = informers.get::<Pod>();
@@ -777,7 +749,7 @@ mod tests {
 
     #[test]
     fn events_indexes_and_stripping() {
-        let inf = Informer::<Pod>::new(Arc::default(), Arc::default());
+        let inf = Informer::<Pod>::new(Arc::default());
         inf.add_index(INDEX_POD_NODE, pod_by_node);
         inf.add_index(INDEX_CONTROLLER_UID, by_controller_uid);
         let log = recorded(&inf);
@@ -806,7 +778,7 @@ mod tests {
 
     #[test]
     fn relist_emits_only_differences_and_marks_synced() {
-        let inf = Informer::<Pod>::new(Arc::default(), Arc::default());
+        let inf = Informer::<Pod>::new(Arc::default());
         inf.add_index(INDEX_NAMESPACE, by_namespace);
         let log = recorded(&inf);
         assert!(!inf.has_synced());

@@ -2,14 +2,17 @@
 //! the shared pod cache keeps exactly the union of what the enabled controllers declared. A
 //! controller that is turned off takes its fields out of memory with it.
 //!
-//! The cached pod type ([`crate::pod::Pod`]) already holds only the fields some controller
+//! The cached pod type ([`crate::cache::pod::Pod`]) already holds only the fields some controller
 //! reads; of those, the heavy optional parts below are kept only when declared.
 //!
 //! The test kit's caches apply the same projection with only the controller under test's
 //! declaration, so a sync test that reads an undeclared field sees it empty and fails.
 
-use crate::pod::Pod;
+use crate::cache::informers::Informers;
+use crate::cache::pod::Pod;
 use std::ops::BitOr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Groups of pod fields a controller may declare it reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -44,6 +47,36 @@ impl BitOr for PodFields {
     type Output = PodFields;
     fn bitor(self, rhs: PodFields) -> PodFields {
         PodFields(self.0 | rhs.0)
+    }
+}
+
+/// The union of the pod fields the enabled controllers declared, one per registry.
+#[derive(Default)]
+struct Declared(AtomicU32);
+
+/// Installs the pod projection on `informers`: every pod is cut to the declared fields.
+pub fn install(informers: &Informers) {
+    let declared = informers.extension::<Declared>();
+    informers.transform::<Pod>(Arc::new(move |pod: &mut Pod| {
+        project_pod(
+            pod,
+            PodFields::from_bits(declared.0.load(Ordering::Acquire)),
+        );
+    }));
+}
+
+impl Informers {
+    /// A controller declares the pod fields it reads (before the caches start); the pod cache
+    /// keeps the union of the declarations.
+    pub fn read_pod_fields(&self, fields: PodFields) {
+        self.extension::<Declared>()
+            .0
+            .fetch_or(fields.bits(), Ordering::AcqRel);
+    }
+
+    /// The union declared so far.
+    pub fn pod_fields(&self) -> PodFields {
+        PodFields::from_bits(self.extension::<Declared>().0.load(Ordering::Acquire))
     }
 }
 
@@ -111,7 +144,7 @@ mod tests {
         assert_eq!(spec.tolerations, None);
         assert_eq!(
             spec.containers[0],
-            crate::pod::Container {
+            crate::cache::pod::Container {
                 name: "main".into(),
                 ..Default::default()
             }

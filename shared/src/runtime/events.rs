@@ -11,7 +11,7 @@
 //! kube's `Recorder` does none of this and folds events that differ in their note into a series
 //! that keeps only the first note.
 
-use crate::writer::{PatchKind, Writer};
+use crate::api::writer::{PatchKind, Writer};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -34,7 +34,7 @@ const MAX_MESSAGE: usize = 1024;
 /// A reference to a core/v1 object (`Pod`, `Node`, ...) by its cache key (`namespace/name`, or
 /// `name` when cluster-scoped), for events about objects that may already be gone.
 pub fn core_ref(kind: &str, key: &str) -> ObjectReference {
-    let (namespace, name) = crate::informers::split_key(key);
+    let (namespace, name) = crate::meta::keys::split_key(key);
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some(kind.into()),
@@ -264,7 +264,7 @@ fn gave_up(e: &kube::Error) -> bool {
     };
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(s.as_ref());
     while let Some(err) = cur {
-        if err.is::<crate::client::BudgetExhausted>() {
+        if err.is::<crate::api::client::BudgetExhausted>() {
             return true;
         }
         cur = err.source();
@@ -434,7 +434,7 @@ impl EventRecorder {
                     .await
                 {
                     // Gone (expired): write it anew, as client-go does.
-                    Err(e) if crate::apierr::is_not_found(&e) => (name, message, count, first),
+                    Err(e) if crate::api::apierr::is_not_found(&e) => (name, message, count, first),
                     other => return other.map(drop),
                 }
             }
@@ -462,7 +462,7 @@ impl EventRecorder {
             ..Default::default()
         };
         match self.writer.create(namespace, &event).await {
-            Err(e) if crate::apierr::is_already_exists(&e) => Ok(()),
+            Err(e) if crate::api::apierr::is_already_exists(&e) => Ok(()),
             other => other.map(drop),
         }
     }
@@ -619,10 +619,10 @@ mod tests {
     /// A writer whose calls never complete (a budget that never frees a token).
     struct Stuck;
 
-    impl crate::writer::Transport for Stuck {
+    impl crate::api::writer::Transport for Stuck {
         fn call(
             &self,
-            _call: crate::writer::Call,
+            _call: crate::api::writer::Call,
         ) -> futures::future::BoxFuture<'_, Result<Value, kube::Error>> {
             Box::pin(std::future::pending())
         }
@@ -631,7 +631,7 @@ mod tests {
     #[tokio::test]
     async fn events_beyond_the_pending_limit_are_dropped_and_counted() {
         let dropped = prometheus_client::metrics::counter::Counter::<u64>::default();
-        let rec = EventRecorder::new(crate::writer::Writer::new(Arc::new(Stuck)), "c", "i")
+        let rec = EventRecorder::new(crate::api::writer::Writer::new(Arc::new(Stuck)), "c", "i")
             .with_drops(dropped.clone());
         let other = rec.for_source("other");
         for i in 0..MAX_PENDING_EVENTS + 5 {

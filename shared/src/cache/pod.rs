@@ -6,7 +6,7 @@
 //! for the three fields it keeps.
 //!
 //! Heavy optional parts (tolerations, volumes, container ports, container statuses) are kept only
-//! when an enabled controller declared them ([`crate::projection::PodFields`]). A controller that
+//! when an enabled controller declared them ([`crate::cache::projection::PodFields`]). A controller that
 //! needs another field adds it here and says so in its declaration.
 //!
 //! Never write a cached pod back whole (PUT): it lacks most of the object. Patch the fields you
@@ -50,10 +50,10 @@ pub struct PodSpec {
     pub containers: Vec<Container>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_containers: Option<Vec<Container>>,
-    /// Declared: [`crate::projection::PodFields::TOLERATIONS`].
+    /// Declared: [`crate::cache::projection::PodFields::TOLERATIONS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<core::Toleration>>,
-    /// Declared: [`crate::projection::PodFields::VOLUMES`].
+    /// Declared: [`crate::cache::projection::PodFields::VOLUMES`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volumes: Option<Vec<Volume>>,
 }
@@ -80,7 +80,7 @@ pub struct Container {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
-    /// Declared: [`crate::projection::PodFields::CONTAINER_PORTS`].
+    /// Declared: [`crate::cache::projection::PodFields::CONTAINER_PORTS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ports: Option<Vec<core::ContainerPort>>,
 }
@@ -104,7 +104,7 @@ pub struct PodStatus {
     pub pod_ip: Option<String>,
     #[serde(default, rename = "podIPs", skip_serializing_if = "Option::is_none")]
     pub pod_ips: Option<Vec<core::PodIP>>,
-    /// Declared: [`crate::projection::PodFields::CONTAINER_STATUSES`] (the three lists).
+    /// Declared: [`crate::cache::projection::PodFields::CONTAINER_STATUSES`] (the three lists).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_statuses: Option<Vec<core::ContainerStatus>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -186,7 +186,7 @@ impl Pod {
     /// Gives back the spare capacity of every list: a deserialized `Vec` of one element holds
     /// room for four, which for a pod's one container status alone is 2 KiB per cached pod.
     pub fn shrink_to_fit(&mut self) {
-        crate::informers::shrink_meta(&mut self.metadata);
+        crate::meta::keys::shrink_meta(&mut self.metadata);
         if let Some(spec) = self.spec.as_mut() {
             spec.containers.shrink_to_fit();
             let containers = spec
@@ -240,6 +240,18 @@ fn shrink<T>(v: &mut Option<Vec<T>>) {
     if let Some(v) = v {
         v.shrink_to_fit();
     }
+}
+
+/// The index of pods by node name ([`pod_by_node`]).
+pub const INDEX_POD_NODE: &str = "pod-node";
+
+/// Index function: a pod's node.
+pub fn pod_by_node(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .into_iter()
+        .collect()
 }
 
 #[cfg(test)]

@@ -6,15 +6,16 @@
 //! - Lost lease (no renewal within the renew deadline): the write fence is already closed; stop
 //!   the controllers (bounded) and exit 1 so the pod restarts, as kube-controller-manager does.
 
-use crate::client::{self, ClientSpec, WriteFence};
-use crate::controller::{Registration, SetupFactory};
-use crate::credentials::{self, ServiceAccountTokens};
+use crate::api::client::{self, ClientSpec, WriteFence};
+use crate::api::credentials::{self, ServiceAccountTokens};
+use crate::cache::informers::Informers;
 use crate::election::{self, ElectionConfig, Ended, LeaderElector};
-use crate::flags::{self, FlagError, ManagerOptions, SetFlags};
-use crate::health::{self, Health};
-use crate::informers::Informers;
 use crate::metrics::Metrics;
-use crate::serving::{self, Delegated, SecureServing};
+use crate::process::flags::{self, FlagError, ManagerOptions, SetFlags};
+use crate::process::setup::SetupFactory;
+use crate::runtime::controller::Registration;
+use crate::serving::health::{self, Health};
+use crate::serving::http::{self, Delegated, SecureServing};
 use futures::future::join_all;
 use kube::Config;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -34,7 +35,7 @@ pub enum ManagerError {
     #[error("initialising {name}: {source}")]
     Init {
         name: &'static str,
-        source: crate::controller::InitError,
+        source: crate::runtime::controller::InitError,
     },
     #[error("serving health and metrics on {addr}: {source}")]
     Health {
@@ -44,10 +45,10 @@ pub enum ManagerError {
     #[error("secure serving on {addr}: {source}")]
     Serving {
         addr: String,
-        source: crate::serving::ServingError,
+        source: crate::serving::http::ServingError,
     },
     #[error("service account credentials: {0}")]
-    Credentials(#[from] crate::credentials::CredentialsError),
+    Credentials(#[from] crate::api::credentials::CredentialsError),
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
 }
@@ -117,7 +118,10 @@ pub async fn run(
         ClientSpec::new("shared-informers", opts.kube_api_qps, opts.kube_api_burst),
         &metrics,
     )?;
-    let informers = Informers::new(informer_client, process_stop.clone());
+    let informers = crate::cache::registry(informer_client, process_stop.clone());
+    // Sees managedFields before the caches drop them: kcm still writing what we own.
+    let conflicts = Arc::new(crate::runtime::conflicts::Conflicts::default());
+    informers.observe(Arc::clone(&conflicts) as Arc<dyn crate::cache::informers::MetaObserver>);
 
     let elector = if opts.leader_elect {
         let election_client = client::build(
@@ -200,15 +204,12 @@ pub async fn run(
             .map_err(|source| ManagerError::Init { name, source })?;
         // A conflict is reported as a Warning on the object, from the budget of the controller
         // that owns it.
-        informers
-            .conflicts()
-            .guard(name, Some(setup.events.clone()));
+        conflicts.guard(name, Some(setup.events.clone()));
         controllers.push((
             name,
             init(setup).map_err(|source| ManagerError::Init { name, source })?,
         ));
     }
-    let conflicts = informers.conflicts();
     metrics.register(
         "pilothouse_conflicting_writes",
         "Writes by kube-controller-manager to objects a running Pilothouse controller owns (it still runs that controller)",
@@ -220,6 +221,7 @@ pub async fn run(
     let health = Health {
         metrics: Arc::clone(&metrics),
         informers: Arc::clone(&informers),
+        conflicts: Arc::clone(&conflicts),
         elector: elector.clone(),
     };
     if opts.secure_port != 0 {
@@ -237,7 +239,7 @@ pub async fn run(
             &metrics,
         )?);
         let addr = format!("{}:{}", opts.bind_address, opts.secure_port);
-        let bound = serving::serve(&secure, health.clone(), auth, process_stop.clone())
+        let bound = http::serve(&secure, health.clone(), auth, process_stop.clone())
             .await
             .map_err(|source| ManagerError::Serving { addr, source })?;
         tracing::info!(address = %bound, "serving securely on HTTPS: /metrics behind delegated authorization, /healthz /readyz /livez open");
@@ -277,7 +279,7 @@ pub async fn run(
             _ = shutdown.cancelled() => {}
             _ = wait_synced(&informers) => {}
         }
-        conflicts.arm(Some(crate::conflicts::unix_now()));
+        conflicts.arm(Some(crate::meta::clock::unix_now()));
         let handles: Vec<_> = controllers
             .into_iter()
             .map(|(name, c)| {

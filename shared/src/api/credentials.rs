@@ -128,7 +128,7 @@ impl ServiceAccountTokens {
         };
         match api.create(&PostParams::default(), &sa).await {
             Ok(_) => Ok(()),
-            Err(e) if crate::apierr::is_already_exists(&e) => Ok(()),
+            Err(e) if crate::api::apierr::is_already_exists(&e) => Ok(()),
             Err(e) => Err(err(e)),
         }
     }
@@ -161,7 +161,9 @@ impl ServiceAccountTokens {
         // cap the one asked for.
         let lifetime = match status.expiration_timestamp {
             Some(t) => {
-                let left = t.0.as_second().saturating_sub(crate::conflicts::unix_now());
+                let left =
+                    t.0.as_second()
+                        .saturating_sub(crate::meta::clock::unix_now());
                 Duration::from_secs(u64::try_from(left).unwrap_or(0))
             }
             None => {

@@ -15,7 +15,7 @@ where
     F: FnMut(usize) -> Fut,
     Fut: Future<Output = Result<T, kube::Error>>,
 {
-    on_conflict_with(attempts, |_| crate::election::jitter(STEP, 0.1), attempt).await
+    on_conflict_with(attempts, |_| crate::meta::clock::jitter(STEP, 0.1), attempt).await
 }
 
 /// `on_conflict` with another backoff, as client-go's `RetryOnConflict(backoff, fn)`: waits
@@ -32,7 +32,7 @@ where
     let mut n = 0;
     loop {
         match attempt(n).await {
-            Err(e) if crate::apierr::is_conflict(&e) && n + 1 < attempts.max(1) => {
+            Err(e) if crate::api::apierr::is_conflict(&e) && n + 1 < attempts.max(1) => {
                 n += 1;
                 tokio::time::sleep(step(n)).await;
             }
@@ -88,7 +88,7 @@ mod tests {
             },
         )
         .await;
-        assert!(crate::apierr::is_conflict(&r.unwrap_err()));
+        assert!(crate::api::apierr::is_conflict(&r.unwrap_err()));
         let ms: Vec<u128> = at.iter().map(|d| d.as_millis()).collect();
         assert_eq!(ms, [0, 100, 300, 700, 1500]);
     }

@@ -5,7 +5,7 @@
 //! `--authorization-always-allow-paths` (default `/healthz,/readyz,/livez`) skip both, as kcm's.
 //! Plain HTTP exists only when `--metrics-bind-address` is set explicitly.
 
-use crate::health::{self, Health};
+use crate::serving::health::{self, Health};
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;

@@ -1,8 +1,14 @@
 //! Logging setup: text or JSON by `--logging-format`, verbosity by `-v` as klog levels map.
 
-use crate::flags::LoggingFormat;
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
+
+/// `--logging-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoggingFormat {
+    Text,
+    Json,
+}
 
 /// `RUST_LOG`, when set, overrides the `-v` mapping.
 pub fn init(format: LoggingFormat, verbosity: u8) {

@@ -23,7 +23,7 @@ use kube::Resource;
 use serde_json::{Value, json};
 use std::borrow::Borrow;
 
-use crate::refs::controller_of;
+use crate::meta::refs::controller_of;
 
 /// What one claim pass does with one object: the rows of upstream `ClaimObject`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -183,7 +183,7 @@ pub fn can_adopt<K: Resource<DynamicType = ()>>(owner: &K, fresh: &K) -> Result<
 }
 
 /// Upstream's adoption patch (strategic merge): `owner_ref` (from
-/// [`crate::refs::controller_ref`]) merged into `metadata.ownerReferences` by UID, `finalizers`
+/// [`crate::meta::refs::controller_ref`]) merged into `metadata.ownerReferences` by UID, `finalizers`
 /// added in the same write (the Job controller's tracking finalizer; none for most owners), and
 /// `metadata.uid` as a precondition: were the object recreated under the same name, the patch
 /// would change its immutable UID and be refused (Invalid). The API server also refuses it if
@@ -229,7 +229,7 @@ pub fn release_error_ignored(e: &kube::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::refs::controller_ref;
+    use crate::meta::refs::controller_ref;
     use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
     use k8s_openapi::api::batch::v1::Job;
     use k8s_openapi::api::core::v1::Pod;

@@ -7,7 +7,7 @@
 //! A note that stays unconfirmed for [`GIVE_UP`] is dropped: a watch that delivers nothing newer
 //! (the object deleted meanwhile and nothing else changing) must not stall the owner forever.
 
-use crate::informers::parse_rv;
+use crate::cache::informers::parse_rv;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;

@@ -6,8 +6,9 @@
 //! once this replica can no longer be sure it holds the Lease, so a partitioned leader stops
 //! acting before any standby may take over.
 
+use crate::api::apierr::NotLeading;
+use crate::api::ratelimit::TokenBucket;
 use crate::metrics::{Metrics, RequestLabels, RestClientMetrics};
-use crate::ratelimit::TokenBucket;
 use futures::future::BoxFuture;
 use http::{HeaderValue, Method, Request, Response};
 use kube::client::{Body, ClientBuilder};
@@ -57,13 +58,6 @@ pub struct BudgetExhausted {
     pub path: String,
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("refused {method} {path}: this replica is not (or no longer surely) the leader")]
-pub struct NotLeading {
-    pub method: Method,
-    pub path: String,
-}
-
 /// What a client is for: the name in its user agent and metrics, and its limits.
 #[derive(Clone, Debug)]
 pub struct ClientSpec {
@@ -78,7 +72,7 @@ pub struct ClientSpec {
     pub low_priority: bool,
     /// Sent as `Authorization` on every request (`--use-service-account-credentials`); the
     /// base configuration then carries no credentials of its own.
-    pub bearer: Option<Arc<crate::credentials::BearerToken>>,
+    pub bearer: Option<Arc<crate::api::credentials::BearerToken>>,
 }
 
 impl ClientSpec {
@@ -158,7 +152,7 @@ struct Shared {
     host: String,
     metrics: Arc<RestClientMetrics>,
     fence: Option<Arc<dyn WriteFence>>,
-    bearer: Option<Arc<crate::credentials::BearerToken>>,
+    bearer: Option<Arc<crate::api::credentials::BearerToken>>,
 }
 
 #[derive(Clone)]
@@ -306,7 +300,7 @@ impl Shared {
             }
             // Spaced from the start of this turn: a turn that waits its token longer than the
             // spacing delays the next by no more.
-            *turn = Some(crate::queue::far_or(
+            *turn = Some(crate::meta::clock::far_or(
                 tokio::time::Instant::now(),
                 self.starved_spacing(),
             ));
@@ -568,7 +562,7 @@ mod tests {
 
         let (addr, seen) = scripted(vec![(429, Some("0"))]).await;
         let (client, _) = client_for(addr, 1000.0, 1000);
-        let writer = crate::writer::Writer::from_client(client);
+        let writer = crate::api::writer::Writer::from_client(client);
         assert!(writer.evict("ns", "p", None).await.is_err());
         assert_eq!(seen.lock().unwrap().len(), 1);
 

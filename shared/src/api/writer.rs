@@ -439,7 +439,8 @@ impl Writer {
         if let Some(opts) = delete_options {
             body["deleteOptions"] = opts;
         }
-        let target = Target::of::<crate::pod::Pod>(namespace, name).subresource("eviction");
+        let target =
+            Target::of::<k8s_openapi::api::core::v1::Pod>(namespace, name).subresource("eviction");
         self.call(Call::Create(target, body)).await
     }
 }
@@ -517,7 +518,7 @@ mod tests {
         assert_eq!(body["preconditions"]["resourceVersion"], "7");
         assert_eq!(body["propagationPolicy"], "Foreground");
         let evict = Call::Create(
-            Target::of::<crate::pod::Pod>("ns", "p").subresource("eviction"),
+            Target::of::<k8s_openapi::api::core::v1::Pod>("ns", "p").subresource("eviction"),
             serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction"}),
         );
         let r = build_request(&evict).unwrap();

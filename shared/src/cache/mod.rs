@@ -1,0 +1,22 @@
+//! What the process knows of the cluster: one informer per resource type, the compact pod and
+//! the projections that keep only declared fields, and the records of our own writes that the
+//! caches must catch up with.
+
+pub mod consistency;
+pub mod expectations;
+pub mod informers;
+pub mod own_writes;
+pub mod pod;
+pub mod projection;
+
+use kube::Client;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// The process's informer registry with the cache layer's transforms installed (the pod
+/// projection).
+pub fn registry(client: Client, stop: CancellationToken) -> Arc<informers::Informers> {
+    let informers = informers::Informers::new(client, stop);
+    projection::install(&informers);
+    informers
+}
