@@ -1076,6 +1076,20 @@ impl StatefulSets {
         let spec = set.spec();
         let strategy = match spec.update_strategy.as_ref() {
             Some(u) if u.type_.as_deref() == Some("OnDelete") => Strategy::OnDelete,
+            // `Recreate` exists only where the API server has StatefulSetRecreateStrategy on
+            // (alpha in 1.37, off by default); this Pilothouse does not build it. As upstream
+            // with the gate off: no automatic update (OnDelete's rules: new pods get the update
+            // revision, old ones stay until deleted), said in the log. Handled as a rolling
+            // update instead, each new pod got the current revision and was replaced again.
+            Some(u) if u.type_.as_deref().is_some_and(|t| t != "RollingUpdate") => {
+                tracing::warn!(
+                    statefulset = %shared::meta::keys::object_key(set),
+                    update_strategy = u.type_.as_deref().unwrap_or_default(),
+                    "updateStrategy.type is not built in this Pilothouse: pods are not updated \
+                     automatically (as upstream with the StatefulSetRecreateStrategy gate off)"
+                );
+                Strategy::OnDelete
+            }
             Some(u) => match &u.rolling_update {
                 Some(r) => Strategy::RollingUpdate {
                     partition: r.partition.unwrap_or(0),

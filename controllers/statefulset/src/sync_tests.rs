@@ -753,3 +753,72 @@ async fn a_set_at_the_apis_extremes_creates_only_valid_ordinals() {
     assert!(matches!(panics.as_deref(), None | Some("0")), "{panics:?}");
     running.stop().await;
 }
+
+/// A StatefulSet of `Recreate` (served where the API server has StatefulSetRecreateStrategy on;
+/// not built here): as upstream with the gate off, nothing is updated automatically. Its new
+/// pods get the update revision, and its old pods are not deleted. Handled as a bare rolling
+/// update, each new pod got the current revision and was deleted and created again without end.
+#[tokio::test(start_paused = true)]
+async fn st31_a_recreate_set_is_not_rolled_and_new_pods_get_the_update_revision() {
+    let kit = Kit::new();
+    let ctl = init(
+        StatefulSetOptions {
+            concurrent_statefulset_syncs: 5,
+        },
+        kit.setup(DECLARATION.name, DECLARATION.event_source),
+    )
+    .unwrap();
+    let mut v = serde_json::to_value(with_pull_policy(set(2, "Parallel"))).unwrap();
+    v["spec"]["updateStrategy"] = json!({"type": "Recreate"});
+    v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    v["status"] = json!({"replicas": 2, "currentReplicas": 2, "currentRevision": "web-older",
+                         "updateRevision": "web-older", "observedGeneration": 1});
+    let old_pod = |ordinal: i32| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": format!("web-{ordinal}"), "namespace": "ns", "uid": format!("uid-{ordinal}"),
+                "resourceVersion": "3",
+                "labels": {"app": "web", "controller-revision-hash": "web-older",
+                           "statefulset.kubernetes.io/pod-name": format!("web-{ordinal}"),
+                           "apps.kubernetes.io/pod-index": ordinal.to_string()},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
+                                     "uid": "uid-web", "controller": true, "blockOwnerDeletion": true}]
+            },
+            "spec": {"containers": [{"name": "c", "image": "nginx:1"}]},
+            "status": {"phase": "Running",
+                       "conditions": [{"type": "Ready", "status": "True",
+                                       "lastTransitionTime": "2020-01-01T00:00:00Z"}]}
+        }))
+        .unwrap()
+    };
+    kit.seed(vec![serde_json::from_value::<StatefulSet>(v).unwrap()]);
+    // web-1 is gone (deleted by hand, as OnDelete expects); web-0 is of the old revision.
+    kit.seed(vec![old_pod(0)]);
+    kit.seed(vec![revision_without_a_default()]);
+    kit.seed(Vec::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::new());
+    let running = kit.start(ctl);
+    assert!(eventually(Duration::from_secs(2), || !creates(&kit, "pods").is_empty()).await);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    settle().await;
+    let new_rev = creates(&kit, "controllerrevisions")[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(new_rev, "web-older");
+    let pods = creates(&kit, "pods");
+    assert_eq!(pods.len(), 1, "only the missing web-1 is created: {pods:?}");
+    assert_eq!(pods[0]["metadata"]["name"], "web-1");
+    assert_eq!(
+        pods[0]["metadata"]["labels"]["controller-revision-hash"],
+        new_rev.as_str(),
+        "a new pod gets the update revision, as upstream's newVersionedStatefulSetPod"
+    );
+    let deletes: Vec<_> = kit
+        .api
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::Delete { target, .. } if target.plural == "pods"))
+        .collect();
+    assert!(deletes.is_empty(), "no pod is replaced: {deletes:?}");
+    running.stop().await;
+}
