@@ -3,6 +3,8 @@
 
 pub mod clock;
 pub mod gocompat;
+pub mod gojson;
 pub mod keys;
+pub mod quantity;
 pub mod refs;
 pub mod selector;

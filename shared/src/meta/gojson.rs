@@ -1,0 +1,2 @@
+//! Go's `encoding/json` output, byte for byte, where upstream hashes or patches what it
+//! marshals (a StatefulSet's revision patch).

@@ -1,0 +1,2 @@
+//! Kubernetes' `resource.Quantity` as the API server parses it (the amounts the controllers
+//! compute with, e.g. node CPU for topology hints).
