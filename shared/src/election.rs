@@ -227,20 +227,16 @@ impl LeaderElector {
         s.lease = Some(lease);
     }
 
-    /// One attempt (client-go `tryAcquireOrRenew`). Returns whether we hold the Lease now.
-    async fn try_acquire_or_renew(&self) -> bool {
-        let now = Instant::now();
-        let wall = Timestamp::now();
-        let me = self.config.identity.clone();
-        let duration_seconds = self.config.lease_duration.as_secs().max(1) as i32;
-
-        // Fast path: we lead and our view of the lease is still valid, so update without a GET.
+    /// The fast path: we lead and our view of the Lease is still valid, so the renewal is an
+    /// update without a GET. False: not leading, or the update failed (re-read the Lease).
+    async fn renew_fast(&self, now: Instant, wall: Timestamp, duration_seconds: i32) -> bool {
+        let me = &self.config.identity;
         let fast = {
             let s = self.lock();
             let valid = s
                 .observed_at
                 .is_some_and(|t| now < crate::meta::clock::far_or(t, self.config.lease_duration));
-            if s.leading && valid && s.observed.holder == me {
+            if s.leading && valid && &s.observed.holder == me {
                 s.lease.clone()
             } else {
                 None
@@ -260,12 +256,66 @@ impl LeaderElector {
                     let mut s = self.lock();
                     self.observe(&mut s, updated, now);
                     s.renewed_at = Some(now);
-                    return true;
+                    true
                 }
                 Err(e) => {
-                    tracing::info!(error = %e, "lease renewal failed on the fast path; re-reading the lease")
+                    tracing::info!(error = %e, "lease renewal failed on the fast path; re-reading the lease");
+                    false
                 }
             }
+        } else {
+            false
+        }
+    }
+
+    /// No Lease yet: create it, holding it.
+    async fn create_lease(
+        &self,
+        now: Instant,
+        wall: Timestamp,
+        me: String,
+        duration_seconds: i32,
+    ) -> bool {
+        let record = Record {
+            holder: me,
+            duration_seconds,
+            acquire: Some(wall),
+            renew: Some(wall),
+            transitions: 0,
+        };
+        let mut spec = LeaseSpec::default();
+        record.write_into(&mut spec);
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.config.name.clone()),
+                namespace: Some(self.config.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(spec),
+        };
+        match self.api.create(&PostParams::default(), &lease).await {
+            Ok(created) => {
+                let mut s = self.lock();
+                self.observe(&mut s, created, now);
+                s.renewed_at = Some(now);
+                true
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "creating the lease failed");
+                false
+            }
+        }
+    }
+
+    /// One attempt (client-go `tryAcquireOrRenew`). Returns whether we hold the Lease now.
+    async fn try_acquire_or_renew(&self) -> bool {
+        let now = Instant::now();
+        let wall = Timestamp::now();
+        let me = self.config.identity.clone();
+        let duration_seconds = self.config.lease_duration.as_secs().max(1) as i32;
+
+        if self.renew_fast(now, wall, duration_seconds).await {
+            return true;
         }
 
         let current = match self.api.get_opt(&self.config.name).await {
@@ -276,35 +326,7 @@ impl LeaderElector {
             }
         };
         let Some(current) = current else {
-            let record = Record {
-                holder: me,
-                duration_seconds,
-                acquire: Some(wall),
-                renew: Some(wall),
-                transitions: 0,
-            };
-            let mut spec = LeaseSpec::default();
-            record.write_into(&mut spec);
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(self.config.name.clone()),
-                    namespace: Some(self.config.namespace.clone()),
-                    ..Default::default()
-                },
-                spec: Some(spec),
-            };
-            return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(created) => {
-                    let mut s = self.lock();
-                    self.observe(&mut s, created, now);
-                    s.renewed_at = Some(now);
-                    true
-                }
-                Err(e) => {
-                    tracing::info!(error = %e, "creating the lease failed");
-                    false
-                }
-            };
+            return self.create_lease(now, wall, me, duration_seconds).await;
         };
 
         let (old, valid) = {

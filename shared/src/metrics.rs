@@ -277,6 +277,16 @@ impl Metrics {
     /// back because a cache had not caught up with this replica's own writes. One family for
     /// every controller, registered on first use.
     pub fn stale_skip(&self, controller: &str, resource: &str) {
+        self.stale_skips()
+            .get_or_create(&StaleSkipLabels {
+                controller: controller.to_string(),
+                resource: resource.to_string(),
+            })
+            .inc();
+    }
+
+    /// The family behind [`Self::stale_skip`], for the workers that count into it.
+    pub fn stale_skips(&self) -> Family<StaleSkipLabels, Counter> {
         self.stale_skips
             .get_or_init(|| {
                 let f = Family::default();
@@ -287,11 +297,7 @@ impl Metrics {
                 );
                 f
             })
-            .get_or_create(&StaleSkipLabels {
-                controller: controller.to_string(),
-                resource: resource.to_string(),
-            })
-            .inc();
+            .clone()
     }
 
     /// `pilothouse_events_dropped_total{controller}`: events not written because the

@@ -346,172 +346,192 @@ impl FakeApi {
                 Ok(v)
             }
             Call::Get(t) => s.objects.get(&id(&t)).cloned().ok_or_else(|| not_found(&t)),
-            Call::Create(mut t, mut v) if t.subresource.is_none() => {
-                if t.name.is_empty() {
-                    t.name = match meta_str(&v, "name") {
-                        Some(n) if !n.is_empty() => n.to_string(),
-                        // A generated name never meets an object seeded by the test (the API
-                        // server's random suffixes practically never collide).
-                        _ => loop {
-                            s.next_uid += 1;
-                            let name = format!(
-                                "{}{:05}",
-                                meta_str(&v, "generateName").unwrap_or_default(),
-                                s.next_uid
-                            );
-                            let mut probe = t.clone();
-                            probe.name = name.clone();
-                            if !s.objects.contains_key(&id(&probe)) {
-                                break name;
-                            }
-                        },
-                    };
-                }
-                if s.objects.contains_key(&id(&t)) {
-                    return Err(api_error(
-                        409,
-                        "AlreadyExists",
-                        &format!("{} \"{}\" already exists", t.plural, t.name),
-                    ));
-                }
-                s.next_uid += 1;
-                set_meta(&mut v, "name", t.name.clone().into());
-                if !t.namespace.is_empty() {
-                    set_meta(&mut v, "namespace", t.namespace.clone().into());
-                }
-                set_meta(&mut v, "uid", format!("uid-{}", s.next_uid).into());
-                set_meta(&mut v, "resourceVersion", rv.into());
-                set_meta(&mut v, "generation", 1.into());
-                s.objects.insert(id(&t), v.clone());
-                Ok(v)
-            }
+            Call::Create(t, v) if t.subresource.is_none() => s.create(t, v, rv),
             Call::Create(t, v) => Ok(v).and_then(|v| {
                 // A subresource create (eviction): the object is deleted.
                 s.objects.remove(&id(&t)).ok_or_else(|| not_found(&t))?;
                 Ok(v)
             }),
-            Call::Replace(t, v) => {
-                let stored = s
-                    .objects
-                    .get(&id(&t))
-                    .cloned()
-                    .ok_or_else(|| not_found(&t))?;
-                if let Some(want) = meta_str(&v, "resourceVersion")
-                    && Some(want) != meta_str(&stored, "resourceVersion")
-                {
-                    return Err(conflict(
-                        &t,
-                        "the object has been modified; please apply your changes to the latest version and try again",
-                    ));
-                }
-                let mut next = if t.subresource.as_deref() == Some("status") {
-                    let mut n = stored.clone();
-                    n["status"] = v.get("status").cloned().unwrap_or(Value::Null);
-                    n
-                } else {
-                    // As the API server: identity and generation are the server's; the
-                    // generation moves when anything outside metadata and status changes.
-                    let mut n = v.clone();
-                    n["status"] = stored.get("status").cloned().unwrap_or(Value::Null);
-                    for key in ["uid", "creationTimestamp"] {
-                        if let Some(kept) = stored["metadata"].get(key).cloned() {
-                            set_meta(&mut n, key, kept);
-                        }
-                    }
-                    let content = |o: &Value| {
-                        let mut o = o.clone();
-                        if let Some(m) = o.as_object_mut() {
-                            // apiVersion and kind are the request's framing, not content:
-                            // a seeded object stored without them must not move generation.
-                            for k in ["metadata", "status", "apiVersion", "kind"] {
-                                m.remove(k);
-                            }
-                            m.retain(|_, v| !v.is_null());
-                        }
-                        o
-                    };
-                    let generation = stored["metadata"]["generation"].as_i64().unwrap_or(0);
-                    let bump = i64::from(content(&stored) != content(&n));
-                    set_meta(&mut n, "generation", generation.saturating_add(bump).into());
-                    n
-                };
-                set_meta(&mut next, "resourceVersion", rv.into());
-                s.objects.insert(id(&t), next.clone());
-                Ok(next)
-            }
-            Call::Patch(t, kind, patch) => {
-                let mut next = s
-                    .objects
-                    .get(&id(&t))
-                    .cloned()
-                    .ok_or_else(|| not_found(&t))?;
-                if let Some(want) = meta_str(&patch, "resourceVersion")
-                    && Some(want) != meta_str(&next, "resourceVersion")
-                {
-                    return Err(conflict(&t, "the object has been modified"));
-                }
-                if let Some(want) = meta_str(&patch, "uid")
-                    && Some(want) != meta_str(&next, "uid")
-                {
-                    // As the API server: the UID is an immutable field, so a patch meeting
-                    // another object of the same name fails validation (422), not with 409.
-                    return Err(api_error(
-                        422,
-                        "Invalid",
-                        &format!(
-                            "{} \"{}\" is invalid: metadata.uid: Invalid value: \"{want}\": field is immutable",
-                            t.plural, t.name
-                        ),
-                    ));
-                }
-                match kind {
-                    PatchKind::Merge => merge(&mut next, &patch, false, ""),
-                    PatchKind::Strategic => merge(&mut next, &patch, true, ""),
-                    PatchKind::Json => {
-                        return Err(api_error(
-                            415,
-                            "UnsupportedMediaType",
-                            "JSON patch is not supported by the test kit",
-                        ));
-                    }
-                }
-                set_meta(&mut next, "resourceVersion", rv.into());
-                s.objects.insert(id(&t), next.clone());
-                Ok(next)
-            }
+            Call::Replace(t, v) => s.replace(&t, &v, rv),
+            Call::Patch(t, kind, patch) => s.patch(&t, kind, &patch, rv),
             Call::Delete {
                 target,
                 uid,
                 resource_version,
                 ..
-            } => {
-                let stored = s
-                    .objects
-                    .get(&id(&target))
-                    .cloned()
-                    .ok_or_else(|| not_found(&target))?;
-                if uid
-                    .as_deref()
-                    .is_some_and(|u| Some(u) != meta_str(&stored, "uid"))
-                {
-                    return Err(conflict(
-                        &target,
-                        "Precondition failed: UID in precondition does not match",
-                    ));
+            } => s.delete(&target, uid.as_deref(), resource_version.as_deref()),
+        }
+    }
+}
+
+/// The fake API server's answers, one per kind of call, on the tracker's objects.
+impl Tracker {
+    fn create(&mut self, mut t: Target, mut v: Value, rv: String) -> Result<Value, kube::Error> {
+        let s = self;
+        if t.name.is_empty() {
+            t.name = match meta_str(&v, "name") {
+                Some(n) if !n.is_empty() => n.to_string(),
+                // A generated name never meets an object seeded by the test (the API
+                // server's random suffixes practically never collide).
+                _ => loop {
+                    s.next_uid += 1;
+                    let name = format!(
+                        "{}{:05}",
+                        meta_str(&v, "generateName").unwrap_or_default(),
+                        s.next_uid
+                    );
+                    let mut probe = t.clone();
+                    probe.name = name.clone();
+                    if !s.objects.contains_key(&id(&probe)) {
+                        break name;
+                    }
+                },
+            };
+        }
+        if s.objects.contains_key(&id(&t)) {
+            return Err(api_error(
+                409,
+                "AlreadyExists",
+                &format!("{} \"{}\" already exists", t.plural, t.name),
+            ));
+        }
+        s.next_uid += 1;
+        set_meta(&mut v, "name", t.name.clone().into());
+        if !t.namespace.is_empty() {
+            set_meta(&mut v, "namespace", t.namespace.clone().into());
+        }
+        set_meta(&mut v, "uid", format!("uid-{}", s.next_uid).into());
+        set_meta(&mut v, "resourceVersion", rv.into());
+        set_meta(&mut v, "generation", 1.into());
+        s.objects.insert(id(&t), v.clone());
+        Ok(v)
+    }
+
+    fn replace(&mut self, t: &Target, v: &Value, rv: String) -> Result<Value, kube::Error> {
+        let s = self;
+        let stored = s
+            .objects
+            .get(&id(t))
+            .cloned()
+            .ok_or_else(|| not_found(t))?;
+        if let Some(want) = meta_str(v, "resourceVersion")
+            && Some(want) != meta_str(&stored, "resourceVersion")
+        {
+            return Err(conflict(
+                t,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
+        }
+        let mut next = if t.subresource.as_deref() == Some("status") {
+            let mut n = stored.clone();
+            n["status"] = v.get("status").cloned().unwrap_or(Value::Null);
+            n
+        } else {
+            // As the API server: identity and generation are the server's; the
+            // generation moves when anything outside metadata and status changes.
+            let mut n = v.clone();
+            n["status"] = stored.get("status").cloned().unwrap_or(Value::Null);
+            for key in ["uid", "creationTimestamp"] {
+                if let Some(kept) = stored["metadata"].get(key).cloned() {
+                    set_meta(&mut n, key, kept);
                 }
-                if resource_version
-                    .as_deref()
-                    .is_some_and(|r| Some(r) != meta_str(&stored, "resourceVersion"))
-                {
-                    return Err(conflict(
-                        &target,
-                        "Precondition failed: resourceVersion in precondition does not match",
-                    ));
+            }
+            let content = |o: &Value| {
+                let mut o = o.clone();
+                if let Some(m) = o.as_object_mut() {
+                    // apiVersion and kind are the request's framing, not content:
+                    // a seeded object stored without them must not move generation.
+                    for k in ["metadata", "status", "apiVersion", "kind"] {
+                        m.remove(k);
+                    }
+                    m.retain(|_, v| !v.is_null());
                 }
-                s.objects.remove(&id(&target));
-                Ok(stored)
+                o
+            };
+            let generation = stored["metadata"]["generation"].as_i64().unwrap_or(0);
+            let bump = i64::from(content(&stored) != content(&n));
+            set_meta(&mut n, "generation", generation.saturating_add(bump).into());
+            n
+        };
+        set_meta(&mut next, "resourceVersion", rv.into());
+        s.objects.insert(id(t), next.clone());
+        Ok(next)
+    }
+
+    fn patch(
+        &mut self,
+        t: &Target,
+        kind: PatchKind,
+        patch: &Value,
+        rv: String,
+    ) -> Result<Value, kube::Error> {
+        let s = self;
+        let mut next = s
+            .objects
+            .get(&id(t))
+            .cloned()
+            .ok_or_else(|| not_found(t))?;
+        if let Some(want) = meta_str(patch, "resourceVersion")
+            && Some(want) != meta_str(&next, "resourceVersion")
+        {
+            return Err(conflict(t, "the object has been modified"));
+        }
+        if let Some(want) = meta_str(patch, "uid")
+            && Some(want) != meta_str(&next, "uid")
+        {
+            // As the API server: the UID is an immutable field, so a patch meeting
+            // another object of the same name fails validation (422), not with 409.
+            return Err(api_error(
+                422,
+                "Invalid",
+                &format!(
+                    "{} \"{}\" is invalid: metadata.uid: Invalid value: \"{want}\": field is immutable",
+                    t.plural, t.name
+                ),
+            ));
+        }
+        match kind {
+            PatchKind::Merge => merge(&mut next, patch, false, ""),
+            PatchKind::Strategic => merge(&mut next, patch, true, ""),
+            PatchKind::Json => {
+                return Err(api_error(
+                    415,
+                    "UnsupportedMediaType",
+                    "JSON patch is not supported by the test kit",
+                ));
             }
         }
+        set_meta(&mut next, "resourceVersion", rv.into());
+        s.objects.insert(id(t), next.clone());
+        Ok(next)
+    }
+
+    fn delete(
+        &mut self,
+        target: &Target,
+        uid: Option<&str>,
+        resource_version: Option<&str>,
+    ) -> Result<Value, kube::Error> {
+        let s = self;
+        let stored = s
+            .objects
+            .get(&id(target))
+            .cloned()
+            .ok_or_else(|| not_found(target))?;
+        if uid.is_some_and(|u| Some(u) != meta_str(&stored, "uid")) {
+            return Err(conflict(
+                target,
+                "Precondition failed: UID in precondition does not match",
+            ));
+        }
+        if resource_version.is_some_and(|r| Some(r) != meta_str(&stored, "resourceVersion")) {
+            return Err(conflict(
+                target,
+                "Precondition failed: resourceVersion in precondition does not match",
+            ));
+        }
+        s.objects.remove(&id(target));
+        Ok(stored)
     }
 }
 

@@ -118,6 +118,9 @@ pub fn time_quote(s: &str) -> String {
     out
 }
 
+/// Go's `1<<63`: the bound `time.ParseDuration` checks its unsigned sums against.
+const LIMIT: u64 = 1 << 63;
+
 /// `time.ParseDuration`: nanoseconds, with Go's error text.
 pub fn parse_duration(orig: &str) -> Result<i64, String> {
     let invalid = || format!("time: invalid duration {}", time_quote(orig));
@@ -135,55 +138,23 @@ pub fn parse_duration(orig: &str) -> Result<i64, String> {
     if s.is_empty() {
         return Err(invalid());
     }
-    const LIMIT: u64 = 1 << 63;
     let mut d: u64 = 0;
     while !s.is_empty() {
         let b = s.as_bytes();
         if !(b[0] == b'.' || b[0].is_ascii_digit()) {
             return Err(invalid());
         }
-        // Integer part.
-        let mut v: u64 = 0;
-        let mut i = 0;
-        while i < b.len() && b[i].is_ascii_digit() {
-            if v > LIMIT / 10 {
-                return Err(invalid());
+        let (v, pre) = leading_int(s).ok_or_else(invalid)?;
+        s = &s[pre..];
+        let (f, scale, post) = match s.strip_prefix('.') {
+            Some(rest) => {
+                let (f, scale, n) = leading_fraction(rest);
+                s = &rest[n..];
+                (f, scale, n)
             }
-            v = v * 10 + u64::from(b[i] - b'0');
-            if v > LIMIT {
-                return Err(invalid());
-            }
-            i += 1;
-        }
-        let pre = i > 0;
-        s = &s[i..];
-        // Fraction: stops gaining precision on overflow, never fails.
-        let (mut f, mut scale, mut post) = (0u64, 1f64, false);
-        if s.starts_with('.') {
-            s = &s[1..];
-            let b = s.as_bytes();
-            let mut i = 0;
-            let mut overflow = false;
-            while i < b.len() && b[i].is_ascii_digit() {
-                if !overflow {
-                    if f > (LIMIT - 1) / 10 {
-                        overflow = true;
-                    } else {
-                        let y = f * 10 + u64::from(b[i] - b'0');
-                        if y > LIMIT {
-                            overflow = true;
-                        } else {
-                            f = y;
-                            scale *= 10.0;
-                        }
-                    }
-                }
-                i += 1;
-            }
-            post = i > 0;
-            s = &s[i..];
-        }
-        if !pre && !post {
+            None => (0, 1.0, 0),
+        };
+        if pre == 0 && post == 0 {
             return Err(invalid());
         }
         // Unit: everything up to the next digit or '.'.
@@ -199,32 +170,26 @@ pub fn parse_duration(orig: &str) -> Result<i64, String> {
         }
         let (u, rest) = s.split_at(end);
         s = rest;
-        let unit: u64 = match u {
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            _ => {
-                return Err(format!(
-                    "time: unknown unit {} in duration {}",
-                    time_quote(u),
-                    time_quote(orig)
-                ));
-            }
-        };
+        let unit = unit_nanos(u).ok_or_else(|| {
+            format!(
+                "time: unknown unit {} in duration {}",
+                time_quote(u),
+                time_quote(orig)
+            )
+        })?;
         if v > LIMIT / unit {
             return Err(invalid());
         }
-        v *= unit;
+        let mut v = v * unit;
         if f > 0 {
             v += (f as f64 * (unit as f64 / scale)) as u64;
             if v > LIMIT {
                 return Err(invalid());
             }
         }
-        d += v;
+        // Go's uint64 sum wraps (two terms of 1<<63 make 0, which passes its check): the same
+        // answer here in every build, where `+` would panic with overflow checks on.
+        d = d.wrapping_add(v);
         if d > LIMIT {
             return Err(invalid());
         }
@@ -236,6 +201,61 @@ pub fn parse_duration(orig: &str) -> Result<i64, String> {
         return Err(invalid());
     }
     Ok(d as i64)
+}
+
+/// `time.leadingInt`: the leading digits of `s` and how many there were; `None` past 1<<63.
+fn leading_int(s: &str) -> Option<(u64, usize)> {
+    let mut v: u64 = 0;
+    let mut n = 0;
+    for c in s.bytes().take_while(u8::is_ascii_digit) {
+        if v > LIMIT / 10 {
+            return None;
+        }
+        v = v * 10 + u64::from(c - b'0');
+        if v > LIMIT {
+            return None;
+        }
+        n += 1;
+    }
+    Some((v, n))
+}
+
+/// `time.leadingFraction`: the digits after a '.', their scale (10^kept digits) and how many
+/// there were; it stops gaining precision on overflow and never fails.
+fn leading_fraction(s: &str) -> (u64, f64, usize) {
+    let (mut f, mut scale, mut overflow) = (0u64, 1f64, false);
+    let mut n = 0;
+    for c in s.bytes().take_while(u8::is_ascii_digit) {
+        n += 1;
+        if overflow {
+            continue;
+        }
+        if f > (LIMIT - 1) / 10 {
+            overflow = true;
+            continue;
+        }
+        let y = f * 10 + u64::from(c - b'0');
+        if y > LIMIT {
+            overflow = true;
+            continue;
+        }
+        f = y;
+        scale *= 10.0;
+    }
+    (f, scale, n)
+}
+
+/// `time.unitMap`: nanoseconds per unit.
+fn unit_nanos(u: &str) -> Option<u64> {
+    Some(match u {
+        "ns" => 1,
+        "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -284,6 +304,12 @@ mod tests {
         assert_eq!(parse_duration(".5s"), Ok(500_000_000));
         assert_eq!(parse_duration("-2s"), Ok(-2_000_000_000));
         assert_eq!(parse_duration("0"), Ok(0));
+        // Two terms of 1<<63 wrap Go's uint64 sum to 0, which its check passes: Go answers 0,
+        // and so does this in every build (with overflow checks, `+` panicked here).
+        assert_eq!(
+            parse_duration("9223372036854775808ns9223372036854775808ns"),
+            Ok(0)
+        );
         assert_eq!(parse_duration("3\u{b5}s"), Ok(3_000));
         assert_eq!(
             parse_duration("1"),

@@ -7,18 +7,20 @@
 //!   the controllers (bounded) and exit 1 so the pod restarts, as kube-controller-manager does.
 
 use crate::api::client::{self, ClientSpec, WriteFence};
-use crate::api::credentials::{self, ServiceAccountTokens};
+use crate::api::credentials::{self, BearerToken, ServiceAccountTokens};
 use crate::cache::informers::Informers;
 use crate::election::{self, ElectionConfig, Ended, LeaderElector};
 use crate::metrics::Metrics;
 use crate::process::flags::{self, FlagError, ManagerOptions, SetFlags};
 use crate::process::setup::SetupFactory;
-use crate::runtime::controller::Registration;
+use crate::runtime::conflicts::Conflicts;
+use crate::runtime::controller::{Controller, Registration};
 use crate::serving::health::{self, Health};
 use crate::serving::http::{self, Delegated, SecureServing};
 use futures::future::join_all;
 use kube::Config;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use std::collections::HashMap;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -123,64 +125,14 @@ pub async fn run(
     let conflicts = Arc::new(crate::runtime::conflicts::Conflicts::default());
     informers.observe(Arc::clone(&conflicts) as Arc<dyn crate::cache::informers::MetaObserver>);
 
-    let elector = if opts.leader_elect {
-        let election_client = client::build(
-            &config,
-            ClientSpec::new("leader-election", opts.kube_api_qps, opts.kube_api_burst),
-            &metrics,
-        )?;
-        Some(LeaderElector::new(
-            election_client,
-            ElectionConfig {
-                namespace: opts.leader_elect_resource_namespace.clone(),
-                name: opts.leader_elect_resource_name.clone(),
-                identity: identity.clone(),
-                lease_duration: opts.leader_elect_lease_duration,
-                renew_deadline: opts.leader_elect_renew_deadline,
-                retry_period: opts.leader_elect_retry_period,
-            },
-            &metrics,
-        )?)
-    } else {
-        None
-    };
+    let elector = build_elector(&opts, &config, &metrics, &identity)?;
     let fence: Arc<dyn WriteFence> = match &elector {
         Some(e) => Arc::clone(e) as Arc<dyn WriteFence>,
         None => Arc::new(NoElection),
     };
 
-    // `--use-service-account-credentials`: one token per ServiceAccount (the node-lifecycle and
-    // taint-eviction controllers share upstream's `node-controller`), requested before any
-    // controller is built, so a missing permission stops the start with its name.
-    let mut credentials = std::collections::HashMap::new();
-    if opts.use_service_account_credentials {
-        let tokens = ServiceAccountTokens::new(
-            client::build(
-                &config,
-                ClientSpec::new(
-                    "service-account-credentials",
-                    opts.kube_api_qps,
-                    opts.kube_api_burst,
-                ),
-                &metrics,
-            )?,
-            process_stop.clone(),
-        );
-        let mut by_account = std::collections::HashMap::new();
-        for name in &enabled {
-            let account = credentials::service_account(name).to_string();
-            let token = match by_account.get(&account) {
-                Some(t) => Arc::clone(t),
-                None => {
-                    let t = tokens.acquire(&account).await?;
-                    by_account.insert(account.clone(), Arc::clone(&t));
-                    t
-                }
-            };
-            tracing::info!(controller = name, service_account = %account, "controller uses its service account's credentials");
-            credentials.insert(*name, token);
-        }
-    }
+    let credentials =
+        acquire_credentials(&opts, &config, &metrics, &enabled, &process_stop).await?;
     let factory = SetupFactory {
         config: config.clone(),
         qps: opts.kube_api_qps,
@@ -192,24 +144,7 @@ pub async fn run(
         gates,
         credentials,
     };
-    let mut controllers = Vec::new();
-    for reg in catalogue {
-        if !enabled.contains(&reg.info.name) {
-            continue;
-        }
-        let Some(init) = reg.init else { continue };
-        let name = reg.info.name;
-        let setup = factory
-            .setup(&reg.declaration)
-            .map_err(|source| ManagerError::Init { name, source })?;
-        // A conflict is reported as a Warning on the object, from the budget of the controller
-        // that owns it.
-        conflicts.guard(name, Some(setup.events.clone()));
-        controllers.push((
-            name,
-            init(setup).map_err(|source| ManagerError::Init { name, source })?,
-        ));
-    }
+    let controllers = build_controllers(catalogue, &enabled, &factory, &conflicts)?;
     metrics.register(
         "pilothouse_conflicting_writes",
         "Writes by kube-controller-manager to objects a running Pilothouse controller owns (it still runs that controller)",
@@ -224,36 +159,33 @@ pub async fn run(
         conflicts: Arc::clone(&conflicts),
         elector: elector.clone(),
     };
-    if opts.secure_port != 0 {
-        let secure = SecureServing {
-            bind_address: opts.bind_address.clone(),
-            port: opts.secure_port,
-            cert_file: opts.tls_cert_file.clone(),
-            key_file: opts.tls_private_key_file.clone(),
-            always_allow_paths: opts.authorization_always_allow_paths.clone(),
-        };
-        // Reviews come from a client of their own: scrapes never spend a controller's budget.
-        let auth = Delegated::new(client::build(
-            &config,
-            ClientSpec::new("delegated-auth", opts.kube_api_qps, opts.kube_api_burst),
-            &metrics,
-        )?);
-        let addr = format!("{}:{}", opts.bind_address, opts.secure_port);
-        let bound = http::serve(&secure, health.clone(), auth, process_stop.clone())
-            .await
-            .map_err(|source| ManagerError::Serving { addr, source })?;
-        tracing::info!(address = %bound, "serving securely on HTTPS: /metrics behind delegated authorization, /healthz /readyz /livez open");
-    }
-    if !opts.metrics_bind_address.is_empty() {
-        let bound = health::serve(&opts.metrics_bind_address, health, process_stop.clone())
-            .await
-            .map_err(|source| ManagerError::Health {
-                addr: opts.metrics_bind_address.clone(),
-                source,
-            })?;
-        tracing::info!(address = %bound, "serving /healthz /readyz /metrics on plain HTTP");
-    }
+    start_serving(&opts, &config, &metrics, health, &process_stop).await?;
 
+    let exit = lead_and_run(
+        &opts,
+        elector,
+        &informers,
+        &conflicts,
+        controllers,
+        &metrics,
+        &identity,
+    )
+    .await?;
+    process_stop.cancel();
+    Ok(exit)
+}
+
+/// Leads (or not), then runs the controllers until a signal or a lost Lease; stops them within
+/// `--shutdown-drain-timeout` and releases the Lease on a graceful stop.
+async fn lead_and_run(
+    opts: &ManagerOptions,
+    elector: Option<Arc<LeaderElector>>,
+    informers: &Informers,
+    conflicts: &Conflicts,
+    controllers: Vec<Built>,
+    metrics: &Arc<Metrics>,
+    identity: &str,
+) -> Result<Exit, ManagerError> {
     let shutdown = CancellationToken::new();
     spawn_signal_watch(shutdown.clone())?;
 
@@ -277,7 +209,7 @@ pub async fn run(
         tracing::info!(identity = %identity, "leading; waiting for caches to sync");
         tokio::select! {
             _ = shutdown.cancelled() => {}
-            _ = wait_synced(&informers) => {}
+            _ = wait_synced(informers) => {}
         }
         conflicts.arm(Some(crate::meta::clock::unix_now()));
         let handles: Vec<_> = controllers
@@ -285,7 +217,7 @@ pub async fn run(
             .map(|(name, c)| {
                 tracing::info!(controller = name, "starting controller");
                 let stop = controllers_stop.clone();
-                let metrics = Arc::clone(&metrics);
+                let metrics = Arc::clone(metrics);
                 tokio::spawn(async move {
                     metrics.set_controller_running(name, true);
                     c.run(stop).await;
@@ -320,8 +252,151 @@ pub async fn run(
     if let Some(e) = elector.as_ref().filter(|_| exit == Exit::Stopped) {
         e.release().await;
     }
-    process_stop.cancel();
     Ok(exit)
+}
+
+/// An enabled controller, built, with its name.
+type Built = (&'static str, Box<dyn Controller>);
+
+/// The Lease elector `--leader-elect` asks for, on a client of its own.
+fn build_elector(
+    opts: &ManagerOptions,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    identity: &str,
+) -> Result<Option<Arc<LeaderElector>>, ManagerError> {
+    if !opts.leader_elect {
+        return Ok(None);
+    }
+    let election_client = client::build(
+        config,
+        ClientSpec::new("leader-election", opts.kube_api_qps, opts.kube_api_burst),
+        metrics,
+    )?;
+    Ok(Some(LeaderElector::new(
+        election_client,
+        ElectionConfig {
+            namespace: opts.leader_elect_resource_namespace.clone(),
+            name: opts.leader_elect_resource_name.clone(),
+            identity: identity.to_string(),
+            lease_duration: opts.leader_elect_lease_duration,
+            renew_deadline: opts.leader_elect_renew_deadline,
+            retry_period: opts.leader_elect_retry_period,
+        },
+        metrics,
+    )?))
+}
+
+/// `--use-service-account-credentials`: one token per ServiceAccount (the node-lifecycle and
+/// taint-eviction controllers share upstream's `node-controller`), requested before any
+/// controller is built, so a missing permission stops the start with its name.
+async fn acquire_credentials(
+    opts: &ManagerOptions,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    enabled: &[&'static str],
+    process_stop: &CancellationToken,
+) -> Result<HashMap<&'static str, Arc<BearerToken>>, ManagerError> {
+    let mut credentials = HashMap::new();
+    if !opts.use_service_account_credentials {
+        return Ok(credentials);
+    }
+    let tokens = ServiceAccountTokens::new(
+        client::build(
+            config,
+            ClientSpec::new(
+                "service-account-credentials",
+                opts.kube_api_qps,
+                opts.kube_api_burst,
+            ),
+            metrics,
+        )?,
+        process_stop.clone(),
+    );
+    let mut by_account = HashMap::new();
+    for name in enabled {
+        let account = credentials::service_account(name).to_string();
+        let token = match by_account.get(&account) {
+            Some(t) => Arc::clone(t),
+            None => {
+                let t = tokens.acquire(&account).await?;
+                by_account.insert(account.clone(), Arc::clone(&t));
+                t
+            }
+        };
+        tracing::info!(controller = name, service_account = %account, "controller uses its service account's credentials");
+        credentials.insert(*name, token);
+    }
+    Ok(credentials)
+}
+
+/// The enabled controllers, each built by its `init` on its own [`Setup`]
+/// (`crate::runtime::controller::Setup`), and guarded against kcm running it too.
+fn build_controllers(
+    catalogue: Vec<Registration>,
+    enabled: &[&'static str],
+    factory: &SetupFactory,
+    conflicts: &Conflicts,
+) -> Result<Vec<Built>, ManagerError> {
+    let mut controllers = Vec::new();
+    for reg in catalogue {
+        if !enabled.contains(&reg.info.name) {
+            continue;
+        }
+        let Some(init) = reg.init else { continue };
+        let name = reg.info.name;
+        let setup = factory
+            .setup(&reg.declaration)
+            .map_err(|source| ManagerError::Init { name, source })?;
+        // A conflict is reported as a Warning on the object, from the budget of the controller
+        // that owns it.
+        conflicts.guard(name, Some(setup.events.clone()));
+        controllers.push((
+            name,
+            init(setup).map_err(|source| ManagerError::Init { name, source })?,
+        ));
+    }
+    Ok(controllers)
+}
+
+/// The secure port and, when asked for, the plain-HTTP one; both end with the process.
+async fn start_serving(
+    opts: &ManagerOptions,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    health: Health,
+    process_stop: &CancellationToken,
+) -> Result<(), ManagerError> {
+    if opts.secure_port != 0 {
+        let secure = SecureServing {
+            bind_address: opts.bind_address.clone(),
+            port: opts.secure_port,
+            cert_file: opts.tls_cert_file.clone(),
+            key_file: opts.tls_private_key_file.clone(),
+            always_allow_paths: opts.authorization_always_allow_paths.clone(),
+        };
+        // Reviews come from a client of their own: scrapes never spend a controller's budget.
+        let auth = Delegated::new(client::build(
+            config,
+            ClientSpec::new("delegated-auth", opts.kube_api_qps, opts.kube_api_burst),
+            metrics,
+        )?);
+        let addr = format!("{}:{}", opts.bind_address, opts.secure_port);
+        let bound = http::serve(&secure, health.clone(), auth, process_stop.clone())
+            .await
+            .map_err(|source| ManagerError::Serving { addr, source })?;
+        tracing::info!(address = %bound, "serving securely on HTTPS: /metrics behind delegated authorization, /healthz /readyz /livez open");
+    }
+    if !opts.metrics_bind_address.is_empty() {
+        let bound = health::serve(&opts.metrics_bind_address, health, process_stop.clone())
+            .await
+            .map_err(|source| ManagerError::Health {
+                addr: opts.metrics_bind_address.clone(),
+                source,
+            })?;
+        tracing::info!(address = %bound, "serving /healthz /readyz /metrics on plain HTTP");
+    }
+    Ok(())
 }
 
 async fn wait_synced(informers: &Informers) {

@@ -13,7 +13,7 @@ use crate::api::ratelimit::BackoffConfig;
 use crate::api::writer::Writer;
 use crate::cache::informers::{Change, Informer, Informers, Watched};
 use crate::meta::clock::Clock;
-use crate::metrics::{ControllerLabel, Metrics, SyncLabels, SyncResultLabels};
+use crate::metrics::{ControllerLabel, Metrics, StaleSkipLabels, SyncLabels, SyncResultLabels};
 use crate::runtime::events::EventRecorder;
 use crate::runtime::gates::FeatureGates;
 use crate::runtime::queue::{Next, Queue, QueueKey};
@@ -95,20 +95,6 @@ pub struct Registration {
 }
 
 impl Registration {
-    pub fn planned(name: &'static str, aliases: &'static [&'static str]) -> Self {
-        let declaration = Declaration {
-            name,
-            aliases,
-            event_source: name,
-            on_by_default: true,
-        };
-        Registration {
-            declaration,
-            info: info(&declaration, false),
-            init: None,
-        }
-    }
-
     pub fn built(declaration: Declaration, init: InitFn) -> Self {
         Registration {
             declaration,
@@ -198,6 +184,43 @@ pub struct Wiring {
     gate: Gate,
     starters: Vec<Starter>,
     serves: Vec<Serve>,
+    spawned: Spawner,
+}
+
+/// Fire-and-track work of a controller (e.g. one write per node, so that none waits behind
+/// another's retries): each task's panic is contained and counted as a handler's is, and the
+/// controller's stop waits for every task still running, as it waits for its workers.
+#[derive(Clone)]
+pub struct Spawner {
+    live: Arc<std::sync::atomic::AtomicUsize>,
+    idle: Arc<tokio::sync::Notify>,
+    contain: Arc<Containment>,
+}
+
+impl Spawner {
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.live.fetch_add(1, Ordering::AcqRel);
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(panic) = AssertUnwindSafe(task).catch_unwind().await {
+                this.contain.panicked(&*panic);
+            }
+            if this.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+                this.idle.notify_waiters();
+            }
+        });
+    }
+
+    /// Returns once no spawned task is running.
+    async fn drained(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.live.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
 }
 
 impl Wiring {
@@ -210,12 +233,22 @@ impl Wiring {
             .get_or_create(&crate::metrics::ControllerLabel {
                 controller: name.to_string(),
             });
+        let spawned = Spawner {
+            live: Arc::default(),
+            idle: Arc::default(),
+            contain: Arc::new(Containment {
+                controller: name,
+                what: "spawned task",
+                panics: metrics.reconcile(),
+            }),
+        };
         Wiring {
             name,
             metrics,
             gate: Gate::default(),
             starters: Vec::new(),
             serves: Vec::new(),
+            spawned,
         }
     }
 
@@ -280,6 +313,49 @@ impl Wiring {
                 queue.add(key);
             }
         });
+    }
+
+    /// [`Self::map`] for a `keys` that needs the controller (an index lookup): the wiring holds
+    /// it weakly, so a change arriving after the controller is gone maps to nothing.
+    pub fn map_with<C, K, Q>(
+        &mut self,
+        informer: &Informer<K>,
+        queue: &Arc<Queue<Q>>,
+        ctl: &Arc<C>,
+        keys: impl Fn(&C, &Change<K>) -> Vec<Q> + Send + Sync + 'static,
+    ) where
+        C: Send + Sync + 'static,
+        K: Watched,
+        Q: QueueKey,
+    {
+        let weak = Arc::downgrade(ctl);
+        self.map(informer, queue, move |change| match weak.upgrade() {
+            Some(c) => keys(&c, change),
+            None => Vec::new(),
+        });
+    }
+
+    /// [`Self::on_change`] for a handler that needs the controller, held weakly.
+    pub fn on_change_with<C, K>(
+        &mut self,
+        informer: &Informer<K>,
+        ctl: &Arc<C>,
+        handler: impl Fn(&C, &Change<K>) + Send + Sync + 'static,
+    ) where
+        C: Send + Sync + 'static,
+        K: Watched,
+    {
+        let weak = Arc::downgrade(ctl);
+        self.on_change(informer, move |change| {
+            if let Some(c) = weak.upgrade() {
+                handler(&c, change);
+            }
+        });
+    }
+
+    /// The controller's handle for fire-and-track tasks (see [`Spawner`]).
+    pub fn spawner(&self) -> Spawner {
+        self.spawned.clone()
     }
 
     /// Runs once each time this replica starts leading, after the caches have synced and before
@@ -356,6 +432,24 @@ impl Wiring {
             .push(Box::new(move |stop: CancellationToken| task(stop).boxed()));
     }
 
+    /// [`Self::workers`] with the controller passed to each sync: `sync(ctl, key)`.
+    pub fn workers_with<C, K, F, Fut, E>(
+        &mut self,
+        queue: &Arc<Queue<K>>,
+        workers: usize,
+        ctl: &Arc<C>,
+        sync: F,
+    ) where
+        C: Send + Sync + 'static,
+        K: QueueKey,
+        F: Fn(Arc<C>, K) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Next, E>> + Send + 'static,
+        E: std::fmt::Display + Classify + Send + 'static,
+    {
+        let ctl = Arc::clone(ctl);
+        self.workers(queue, workers, move |key| sync(Arc::clone(&ctl), key));
+    }
+
     pub fn build(self) -> Box<dyn Controller> {
         Box::new(self)
     }
@@ -368,6 +462,7 @@ impl Controller for Wiring {
                 gate,
                 starters,
                 serves,
+                spawned,
                 ..
             } = *self;
             gate.set(true);
@@ -379,6 +474,7 @@ impl Controller for Wiring {
                 .map(|serve| tokio::spawn(serve(stop.clone())))
                 .collect();
             join_all(running).await;
+            spawned.drained().await;
             gate.set(false);
         }
         .boxed()
@@ -403,6 +499,7 @@ pub async fn serve<K, F, Fut, E>(
 {
     let sync = Arc::new(sync);
     let reconcile = metrics.reconcile();
+    let stale_skips = metrics.stale_skips();
     let labels = SyncLabels {
         controller: controller.to_string(),
         queue: queue.name().to_string(),
@@ -413,6 +510,7 @@ pub async fn serve<K, F, Fut, E>(
         let sync = Arc::clone(&sync);
         let reconcile = Arc::clone(&reconcile);
         let labels = labels.clone();
+        let stale_skips = stale_skips.clone();
         set.spawn(async move {
             while let Some(key) = queue.get().await {
                 let span = tracing::info_span!("sync", controller, queue = queue.name(), key = ?key);
@@ -433,6 +531,17 @@ pub async fn serve<K, F, Fut, E>(
                         queue.forget(&key);
                         queue.add_after(key.clone(), d);
                         "requeue"
+                    }
+                    Ok(Ok(Next::Stale { resource })) => {
+                        tracing::debug!(parent: &span, resource, "cache behind this replica's writes; looking again soon");
+                        stale_skips
+                            .get_or_create(&StaleSkipLabels {
+                                controller: controller.to_string(),
+                                resource: resource.to_string(),
+                            })
+                            .inc();
+                        queue.add_after(key.clone(), crate::runtime::queue::STALE_RECHECK);
+                        "stale"
                     }
                     Ok(Err(e)) => {
                         let _g = span.enter();
@@ -493,6 +602,84 @@ mod tests {
         fn kind(&self) -> ErrorKind {
             ErrorKind::Conflict
         }
+    }
+
+    /// A sync that finds its caches behind its own writes returns `Next::Stale`: the runtime
+    /// counts it by resource and looks again after `STALE_RECHECK`, with no backoff (a stale
+    /// cache is no failure: the key's requeue count stays 0).
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_sync_is_counted_and_looked_at_again_without_backoff() {
+        let metrics = Metrics::new();
+        let mut wiring = Wiring::new("test-controller", Arc::clone(&metrics));
+        let queue: Arc<Queue<String>> = wiring.queue(
+            "t",
+            BackoffConfig::exponential(Duration::from_secs(10), Duration::from_secs(100)),
+        );
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = Arc::clone(&calls);
+        wiring.workers(&queue, 1, move |_key: String| {
+            let c = Arc::clone(&c);
+            async move {
+                if c.fetch_add(1, Ordering::SeqCst) < 2 {
+                    return Ok::<Next, Boom>(Next::Stale { resource: "pods" });
+                }
+                Ok(Next::Done)
+            }
+        });
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(wiring.build().run(stop.clone()));
+        queue.add("j".into());
+        let started = Instant::now();
+        while calls.load(Ordering::SeqCst) < 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "two rechecks, no 10 s backoff: {took:?}"
+        );
+        assert!(took >= 2 * crate::runtime::queue::STALE_RECHECK, "{took:?}");
+        assert_eq!(queue.num_requeues(&"j".to_string()), 0);
+        stop.cancel();
+        run.await.unwrap();
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "pilothouse_stale_cache_skips_total{controller=\"test-controller\",resource=\"pods\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("result=\"stale\""), "{text}");
+    }
+
+    /// Spawned work is contained (a panic is counted, the controller goes on) and the
+    /// controller's stop waits for what is still running.
+    #[tokio::test(start_paused = true)]
+    async fn spawned_tasks_are_contained_and_drained_at_stop() {
+        let metrics = Metrics::new();
+        let wiring = Wiring::new("test-controller", Arc::clone(&metrics));
+        let spawner = wiring.spawner();
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(wiring.build().run(stop.clone()));
+        let finished = Arc::new(AtomicBool::new(false));
+        let f = Arc::clone(&finished);
+        spawner.spawn(async { panic!("one node's write") });
+        spawner.spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            f.store(true, Ordering::SeqCst);
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        stop.cancel();
+        run.await.unwrap();
+        assert!(
+            finished.load(Ordering::SeqCst),
+            "stop waited for the running task"
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("pilothouse_reconcile_panics_total{controller=\"test-controller\"} 1"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

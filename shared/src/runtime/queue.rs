@@ -301,7 +301,17 @@ pub enum Next {
     Done,
     /// Sync again after this long (success: the failure count is reset).
     After(Duration),
+    /// The sync did nothing: the cache of `resource` does not yet show this replica's own
+    /// writes for the key (ST-44, ES-15, MR-7). The runtime counts it in
+    /// `pilothouse_stale_cache_skips_total{controller,resource}` and runs the key again when the
+    /// confirming watch event queues it, or after [`STALE_RECHECK`] at the latest; no backoff,
+    /// as nothing failed.
+    Stale { resource: &'static str },
 }
+
+/// The longest a sync that found its caches behind its own writes waits before it looks again
+/// (the watch event that confirms the write usually queues it sooner).
+pub const STALE_RECHECK: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {
