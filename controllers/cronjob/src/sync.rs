@@ -6,7 +6,7 @@
 
 use crate::metrics::Metrics;
 use crate::plan::{self, Decision, Event};
-use crate::schedule::{self, DstPolicy, ZoneSource, format_schedule};
+use crate::schedule::{self, DstPolicy, Schedule, ZoneSource, format_schedule};
 use crate::zone::{Zone, Zones};
 use crate::{Error, act, api, status};
 use jiff::Timestamp;
@@ -336,49 +336,11 @@ impl CronJobs {
         if cj.metadata.deletion_timestamp.is_some() {
             return Ok(Next::Done);
         }
-        let spec = cj.spec.clone();
-        if let Some(tz) = spec.time_zone.as_deref()
-            && let Err(e) = self.zones.load(tz)
-        {
-            // CR-12: e.g. a zone newer than our database; no Jobs until it loads.
-            let note = format!("invalid timeZone: {}: {e}", strconv_quote(tz));
-            self.emit(cj, &Event::warning("UnknownTimeZone", note));
+        let Some(sched) = self.runnable_schedule(cj) else {
             return Ok(Next::Done);
-        }
-        if spec.suspend == Some(true) {
-            return Ok(Next::Done);
-        }
-        let (text, grandfathered) = format_schedule(cj, &self.zones);
-        if grandfathered {
-            self.emit(cj, &Event::warning("UnsupportedSchedule", format!(
-                "CRON_TZ or TZ used in schedule {} is not officially supported, see https://kubernetes.io/docs/concepts/workloads/controllers/cron-jobs/ for more details",
-                strconv_quote(&spec.schedule)
-            )));
-        }
-        let sched = match schedule::parse(&text, &self.zones) {
-            Ok(s) => s,
-            Err(e) => {
-                let note = format!(
-                    "unparseable schedule: {} : {e}",
-                    strconv_quote(&spec.schedule)
-                );
-                self.emit(cj, &Event::warning("UnparseableSchedule", note));
-                return Ok(Next::Done);
-            }
         };
         let now = self.clock.now();
-        let warned = self.memory().get(cj_uid).and_then(|m| m.missed_warned);
-        let p = plan::plan(cj, now, &sched, self.policy, warned);
-        for e in &p.events {
-            self.emit(cj, e);
-        }
-        if let Some(slot) = p.missed_slot {
-            self.memory()
-                .entry(cj_uid.to_string())
-                .or_default()
-                .missed_warned = Some(slot);
-        }
-        let (scheduled, replace) = match p.decision {
+        let (scheduled, replace) = match self.decide(cj, cj_uid, now, &sched) {
             Decision::Wait(None) => return Ok(Next::Done),
             Decision::Wait(Some(d)) => return Ok(Next::After(d)),
             Decision::Start { scheduled, replace } => (scheduled, replace),
@@ -386,56 +348,10 @@ impl CronJobs {
         if replace {
             self.replace_active(cj, changed).await?;
         }
-        // The annotation is in spec.timeZone, or UTC when unset (never the local zone).
-        let annotation_zone = match spec.time_zone.as_deref() {
-            Some(tz) => self.zones.load(tz).unwrap_or_else(|_| Zone::utc()),
-            None => Zone::utc(),
+        let Some(job) = self.create_due_job(cj, cj_uid, scheduled).await? else {
+            return Ok(Next::Done);
         };
-        let want = plan::job_for(cj, scheduled, &annotation_zone);
-        let ns = cj.metadata.namespace.clone().unwrap_or_default();
-        let job = match act::create_job(&self.writer, &ns, &want).await {
-            Ok(act::Created::New(created)) => {
-                if let Some(c) = &created.metadata.creation_timestamp {
-                    let skew = c.0.duration_since(scheduled).as_secs_f64();
-                    self.metrics.creation_skew.observe(skew);
-                }
-                let name = created.metadata.name.as_deref().unwrap_or_default();
-                self.emit(
-                    cj,
-                    &Event::normal("SuccessfulCreate", format!("Created job {name}")),
-                );
-                created
-            }
-            Ok(act::Created::Existing(existing)) => {
-                // JB-8: ours but unlisted (a lost status write) is taken back into `active`.
-                if !plan::controlled_by(&existing, cj_uid) {
-                    return Ok(Next::Done);
-                }
-                let existing_uid = uid(&existing.metadata);
-                if cj
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| status::listed(s, &existing_uid))
-                {
-                    return Ok(Next::Done);
-                }
-                let name = existing.metadata.name.as_deref().unwrap_or_default();
-                tracing::info!(job = %name, "job already exists; taking it back into active");
-                existing
-            }
-            Err(act::CreateError::NamespaceTerminating(e)) => {
-                return Err(api(format!("creating job for cronjob {ns}"))(e));
-            }
-            Err(act::CreateError::ReadExisting(e)) => {
-                let name = want.metadata.name.as_deref().unwrap_or_default();
-                return Err(api(format!("reading job {ns}/{name}"))(e));
-            }
-            Err(act::CreateError::Failed(e)) => {
-                let note = format!("Error creating job: {}", message(&e));
-                self.emit(cj, &Event::warning("FailedCreate", note));
-                return Err(api(format!("creating job in {ns}"))(e));
-            }
-        };
+        // CR-21.
         status::started(
             cj.status.get_or_insert_with(Default::default),
             &job,
@@ -446,6 +362,119 @@ impl CronJobs {
             Some(d) => Next::After(d),
             None => Next::Done,
         })
+    }
+
+    /// The schedule to plan with; `None` (after its warning) when the CronJob starts nothing:
+    /// an unknown zone (CR-12), suspended (CR-28) or an unparseable schedule (CR-4..CR-7).
+    fn runnable_schedule(&self, cj: &CronJob) -> Option<Schedule> {
+        let spec = &cj.spec;
+        if let Some(tz) = spec.time_zone.as_deref()
+            && let Err(e) = self.zones.load(tz)
+        {
+            // CR-12: e.g. a zone newer than our database; no Jobs until it loads.
+            let note = format!("invalid timeZone: {}: {e}", strconv_quote(tz));
+            self.emit(cj, &Event::warning("UnknownTimeZone", note));
+            return None;
+        }
+        if spec.suspend == Some(true) {
+            return None;
+        }
+        let (text, grandfathered) = format_schedule(cj, &self.zones);
+        if grandfathered {
+            // CR-13: still run, but warned about every sync.
+            self.emit(cj, &Event::warning("UnsupportedSchedule", format!(
+                "CRON_TZ or TZ used in schedule {} is not officially supported, see https://kubernetes.io/docs/concepts/workloads/controllers/cron-jobs/ for more details",
+                strconv_quote(&spec.schedule)
+            )));
+        }
+        match schedule::parse(&text, &self.zones) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                let note = format!(
+                    "unparseable schedule: {} : {e}",
+                    strconv_quote(&spec.schedule)
+                );
+                self.emit(cj, &Event::warning("UnparseableSchedule", note));
+                None
+            }
+        }
+    }
+
+    /// CR-22..CR-27: what [`plan::plan`] decides, with its events emitted and a reported miss
+    /// remembered (JB-11: once per slot).
+    fn decide(&self, cj: &CronJob, cj_uid: &str, now: Timestamp, sched: &Schedule) -> Decision {
+        let warned = self.memory().get(cj_uid).and_then(|m| m.missed_warned);
+        let p = plan::plan(cj, now, sched, self.policy, warned);
+        for e in &p.events {
+            self.emit(cj, e);
+        }
+        if let Some(slot) = p.missed_slot {
+            self.memory()
+                .entry(cj_uid.to_string())
+                .or_default()
+                .missed_warned = Some(slot);
+        }
+        p.decision
+    }
+
+    /// CR-19, CR-20: creates the Job for `scheduled`. `None` when a Job of that name exists and
+    /// is someone else's or already in `active`: nothing to start.
+    async fn create_due_job(
+        &self,
+        cj: &CronJob,
+        cj_uid: &str,
+        scheduled: Timestamp,
+    ) -> Result<Option<Job>, Error> {
+        // The annotation is in spec.timeZone, or UTC when unset (never the local zone).
+        let annotation_zone = match cj.spec.time_zone.as_deref() {
+            Some(tz) => self.zones.load(tz).unwrap_or_else(|_| Zone::utc()),
+            None => Zone::utc(),
+        };
+        let want = plan::job_for(cj, scheduled, &annotation_zone);
+        let ns = cj.metadata.namespace.clone().unwrap_or_default();
+        match act::create_job(&self.writer, &ns, &want).await {
+            Ok(act::Created::New(created)) => {
+                if let Some(c) = &created.metadata.creation_timestamp {
+                    let skew = c.0.duration_since(scheduled).as_secs_f64();
+                    self.metrics.creation_skew.observe(skew);
+                }
+                let name = created.metadata.name.as_deref().unwrap_or_default();
+                self.emit(
+                    cj,
+                    &Event::normal("SuccessfulCreate", format!("Created job {name}")),
+                );
+                Ok(Some(created))
+            }
+            Ok(act::Created::Existing(existing)) => {
+                // JB-8: ours but unlisted (a lost status write) is taken back into `active`.
+                if !plan::controlled_by(&existing, cj_uid) {
+                    return Ok(None);
+                }
+                let existing_uid = uid(&existing.metadata);
+                if cj
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| status::listed(s, &existing_uid))
+                {
+                    return Ok(None);
+                }
+                let name = existing.metadata.name.as_deref().unwrap_or_default();
+                tracing::info!(job = %name, "job already exists; taking it back into active");
+                Ok(Some(existing))
+            }
+            Err(act::CreateError::NamespaceTerminating(e)) => {
+                Err(api(format!("creating job for cronjob {ns}"))(e))
+            }
+            Err(act::CreateError::ReadExisting(e)) => {
+                let name = want.metadata.name.as_deref().unwrap_or_default();
+                Err(api(format!("reading job {ns}/{name}"))(e))
+            }
+            Err(act::CreateError::Failed(e)) => {
+                let note = format!("Error creating job: {}", message(&e));
+                self.emit(cj, &Event::warning("FailedCreate", note));
+                Err(api(format!("creating job in {ns}"))(e))
+            }
+        }
     }
 
     /// CR-27 Replace: every active Job is read live and deleted before the new one starts.

@@ -294,6 +294,7 @@ pub fn evaluate(obs: &Observed<'_>) -> Evaluation {
     let ready = active_pods.iter().filter(|p| pods::ready(p)).count() as i32;
     let terminating = obs.pods.iter().filter(|p| pods::terminating(p)).count() as i32;
 
+    // JR-29: the stored totals plus newly finished finalizer pods plus uncounted UIDs.
     let new_succeeded = valid_pods(obs, &unc_succeeded, pods::succeeded);
     let new_failed = valid_pods(obs, &unc_failed, |p| pod_failed(p, job));
     let failure_policy = spec.pod_failure_policy.as_ref();
@@ -324,132 +325,15 @@ pub fn evaluate(obs: &Observed<'_>) -> Evaluation {
         obs.backoff.next(&s, &f)
     };
 
-    let backoff_limit = spec.backoff_limit.unwrap_or(6);
-    let conds = status.conditions.clone().unwrap_or_default();
-    // JR-47 (1): an existing SuccessCriteriaMet stands.
-    let mut finished: Option<JobCondition> = conds
-        .iter()
-        .find(|c| c.type_ == SUCCESS_CRITERIA_MET && c.status == "True")
-        .cloned();
-    let mut deadline_requeue = None;
-    if finished.is_none() {
-        // (2) an existing FailureTarget becomes Failed; (3) FailJob.
-        if let Some(ft) = conds
-            .iter()
-            .find(|c| c.type_ == FAILURE_TARGET && c.status == "True")
-        {
-            finished = Some(successor(ft, FAILED, now));
-        } else if let Some(msg) = obs
-            .pods
-            .iter()
-            .filter(|p| pod_failed(p, job))
-            .find_map(|p| policy::match_pod_failure_policy(failure_policy, p).fail_job_message)
-        {
-            finished = Some(new_condition(
-                FAILURE_TARGET,
-                "True",
-                "PodFailurePolicy",
-                &msg,
-                now,
-            ));
-        }
-    }
-    if finished.is_none() {
-        // (4) backoff limit, (5) deadline.
-        if failed > backoff_limit || past_backoff_limit_on_failure(job, &obs.pods, backoff_limit) {
-            finished = Some(new_condition(
-                FAILURE_TARGET,
-                "True",
-                "BackoffLimitExceeded",
-                "Job has reached the specified backoff limit",
-                now,
-            ));
-        } else if let Some(ads) = spec.active_deadline_seconds.filter(|_| !suspended(job)) {
-            let start = status.start_time.as_ref().map_or(now, |t| t.0);
-            let elapsed = Duration::try_from(now.duration_since(start)).unwrap_or(Duration::ZERO);
-            let allowed = Duration::from_secs(ads.max(0) as u64);
-            if elapsed >= allowed {
-                finished = Some(new_condition(
-                    FAILURE_TARGET,
-                    "True",
-                    "DeadlineExceeded",
-                    "Job was active longer than specified deadline",
-                    now,
-                ));
-            } else {
-                deadline_requeue = Some(allowed.saturating_sub(elapsed));
-            }
-        }
-    }
-
-    let mut prev_succeeded_indexes = Intervals::default();
-    let mut succeeded_indexes = Intervals::default();
-    let mut failed_indexes = None;
-    let mut delayed_deletion = HashMap::new();
-    if is_indexed(job) {
-        let completions = indexed_completions(job);
-        prev_succeeded_indexes = Intervals::parse(
-            status.completed_indexes.as_deref().unwrap_or_default(),
-            completions,
-        );
-        succeeded_indexes = prev_succeeded_indexes.with_indexes(obs.pods.iter().filter_map(|p| {
-            pods::completion_index(p).filter(|ix| {
-                pods::succeeded(p) && *ix < completions && pods::has_tracking_finalizer(p)
-            })
-        }));
-        succeeded = succeeded_indexes.total();
-        if has_backoff_limit_per_index(job) {
-            let prev = Intervals::parse(
-                status.failed_indexes.as_deref().unwrap_or_default(),
-                completions,
-            );
-            let fi = prev.with_indexes(obs.pods.iter().filter_map(|p| {
-                pods::completion_index(p).filter(|ix| {
-                    *ix < completions && pods::has_tracking_finalizer(p) && index_failed_by(job, p)
-                })
-            }));
-            if finished.is_none() {
-                if spec.max_failed_indexes.is_some_and(|m| fi.total() > m) {
-                    finished = Some(new_condition(
-                        FAILURE_TARGET,
-                        "True",
-                        "MaxFailedIndexesExceeded",
-                        "Job has exceeded the specified maximal number of failed indexes",
-                        now,
-                    ));
-                } else if fi.total() > 0
-                    && fi.total().saturating_add(succeeded_indexes.total()) >= completions
-                {
-                    finished = Some(new_condition(
-                        FAILURE_TARGET,
-                        "True",
-                        "FailedIndexes",
-                        "Job has failed indexes",
-                        now,
-                    ));
-                }
-            }
-            delayed_deletion =
-                pods_with_delayed_deletion(obs, &active_pods, &succeeded_indexes, &fi);
-            failed_indexes = Some(fi);
-        }
-        // (7) successPolicy.
-        if finished.is_none()
-            && let Some(msg) = policy::match_success_policy(
-                spec.success_policy.as_ref(),
-                completions,
-                &succeeded_indexes,
-            )
-        {
-            finished = Some(new_condition(
-                SUCCESS_CRITERIA_MET,
-                "True",
-                "SuccessPolicy",
-                &msg,
-                now,
-            ));
-        }
-    }
+    let (finished, deadline_requeue) = job_level_finish(obs, &spec, &status, failed);
+    let (indexes, finished) = if is_indexed(job) {
+        let (indexes, finished) = index_progress(obs, &spec, &status, &active_pods, finished);
+        // JR-25: Indexed Jobs count succeeded indexes, not pods.
+        succeeded = indexes.succeeded.total();
+        (indexes, finished)
+    } else {
+        (IndexProgress::default(), finished)
+    };
 
     let mut eval = Evaluation {
         status,
@@ -463,28 +347,215 @@ pub fn evaluate(obs: &Observed<'_>) -> Evaluation {
         new_backoff,
         finished,
         deadline_requeue,
-        prev_succeeded_indexes,
-        succeeded_indexes,
-        failed_indexes,
-        delayed_deletion,
+        prev_succeeded_indexes: indexes.prev_succeeded,
+        succeeded_indexes: indexes.succeeded,
+        failed_indexes: indexes.failed,
+        delayed_deletion: indexes.delayed_deletion,
         action: PodAction::Skip,
-        creation_reason: "new",
+        creation_reason: creation_reason(job, failed, terminating),
     };
-    eval.creation_reason = if only_replace_failed(job) && eval.failed > 0 {
+    eval.action = pod_action(obs, &eval);
+    eval
+}
+
+/// JR-47 (1)–(5), the rules that look at the whole Job: the pending finishing condition, and
+/// the requeue for the remaining active deadline when none is pending (JR-3).
+fn job_level_finish(
+    obs: &Observed<'_>,
+    spec: &JobSpec,
+    status: &JobStatus,
+    failed: i32,
+) -> (Option<JobCondition>, Option<Duration>) {
+    if let Some(c) = standing_finish(obs, spec, status) {
+        return (Some(c), None);
+    }
+    // (4) JR-32, JR-33: backoff limit.
+    let backoff_limit = spec.backoff_limit.unwrap_or(6);
+    if failed > backoff_limit || past_backoff_limit_on_failure(obs.job, &obs.pods, backoff_limit) {
+        let c = new_condition(
+            FAILURE_TARGET,
+            "True",
+            "BackoffLimitExceeded",
+            "Job has reached the specified backoff limit",
+            obs.now,
+        );
+        return (Some(c), None);
+    }
+    // (5) JR-42: active deadline, never while suspended.
+    let Some(ads) = spec.active_deadline_seconds.filter(|_| !suspended(obs.job)) else {
+        return (None, None);
+    };
+    let now = obs.now;
+    let start = status.start_time.as_ref().map_or(now, |t| t.0);
+    let elapsed = Duration::try_from(now.duration_since(start)).unwrap_or(Duration::ZERO);
+    let allowed = Duration::from_secs(ads.max(0) as u64);
+    if elapsed < allowed {
+        return (None, Some(allowed.saturating_sub(elapsed)));
+    }
+    let c = new_condition(
+        FAILURE_TARGET,
+        "True",
+        "DeadlineExceeded",
+        "Job was active longer than specified deadline",
+        now,
+    );
+    (Some(c), None)
+}
+
+/// JR-47 (1)–(3): a finish already decided by an earlier sync, or a FailJob rule (JR-36).
+fn standing_finish(obs: &Observed<'_>, spec: &JobSpec, status: &JobStatus) -> Option<JobCondition> {
+    let conds = status.conditions.as_deref().unwrap_or_default();
+    // (1) An existing SuccessCriteriaMet stands.
+    if let Some(c) = conds
+        .iter()
+        .find(|c| c.type_ == SUCCESS_CRITERIA_MET && c.status == "True")
+    {
+        return Some(c.clone());
+    }
+    // (2) An existing FailureTarget becomes Failed.
+    if let Some(ft) = conds
+        .iter()
+        .find(|c| c.type_ == FAILURE_TARGET && c.status == "True")
+    {
+        return Some(successor(ft, FAILED, obs.now));
+    }
+    // (3) FailJob.
+    let failure_policy = spec.pod_failure_policy.as_ref();
+    let msg = obs
+        .pods
+        .iter()
+        .filter(|p| pod_failed(p, obs.job))
+        .find_map(|p| policy::match_pod_failure_policy(failure_policy, p).fail_job_message)?;
+    Some(new_condition(
+        FAILURE_TARGET,
+        "True",
+        "PodFailurePolicy",
+        &msg,
+        obs.now,
+    ))
+}
+
+/// An Indexed Job's index sets, as this sync sees them.
+#[derive(Default)]
+struct IndexProgress {
+    prev_succeeded: Intervals,
+    succeeded: Intervals,
+    /// With backoffLimitPerIndex only.
+    failed: Option<Intervals>,
+    delayed_deletion: HashMap<i32, Arc<Pod>>,
+}
+
+/// JR-25, JR-37, JR-41: the index sets, and JR-47 (6)–(7): the per-index and successPolicy
+/// finishes, which apply only when `finished` (the job-level one) is `None`.
+fn index_progress(
+    obs: &Observed<'_>,
+    spec: &JobSpec,
+    status: &JobStatus,
+    active_pods: &[Arc<Pod>],
+    mut finished: Option<JobCondition>,
+) -> (IndexProgress, Option<JobCondition>) {
+    let job = obs.job;
+    let completions = indexed_completions(job);
+    let prev_succeeded = Intervals::parse(
+        status.completed_indexes.as_deref().unwrap_or_default(),
+        completions,
+    );
+    let succeeded = prev_succeeded.with_indexes(obs.pods.iter().filter_map(|p| {
+        pods::completion_index(p)
+            .filter(|ix| pods::succeeded(p) && *ix < completions && pods::has_tracking_finalizer(p))
+    }));
+    let mut progress = IndexProgress {
+        prev_succeeded,
+        succeeded,
+        ..IndexProgress::default()
+    };
+    if has_backoff_limit_per_index(job) {
+        let prev = Intervals::parse(
+            status.failed_indexes.as_deref().unwrap_or_default(),
+            completions,
+        );
+        let fi = prev.with_indexes(obs.pods.iter().filter_map(|p| {
+            pods::completion_index(p).filter(|ix| {
+                *ix < completions && pods::has_tracking_finalizer(p) && index_failed_by(job, p)
+            })
+        }));
+        if finished.is_none() {
+            finished = failed_indexes_finish(spec, &fi, &progress.succeeded, completions, obs.now);
+        }
+        progress.delayed_deletion =
+            pods_with_delayed_deletion(obs, active_pods, &progress.succeeded, &fi);
+        progress.failed = Some(fi);
+    }
+    // (7) successPolicy.
+    if finished.is_none()
+        && let Some(msg) = policy::match_success_policy(
+            spec.success_policy.as_ref(),
+            completions,
+            &progress.succeeded,
+        )
+    {
+        finished = Some(new_condition(
+            SUCCESS_CRITERIA_MET,
+            "True",
+            "SuccessPolicy",
+            &msg,
+            obs.now,
+        ));
+    }
+    (progress, finished)
+}
+
+/// JR-47 (6), JR-37: too many failed indexes, or every index done with some failed.
+fn failed_indexes_finish(
+    spec: &JobSpec,
+    failed: &Intervals,
+    succeeded: &Intervals,
+    completions: i32,
+    now: Timestamp,
+) -> Option<JobCondition> {
+    if spec.max_failed_indexes.is_some_and(|m| failed.total() > m) {
+        Some(new_condition(
+            FAILURE_TARGET,
+            "True",
+            "MaxFailedIndexesExceeded",
+            "Job has exceeded the specified maximal number of failed indexes",
+            now,
+        ))
+    } else if failed.total() > 0 && failed.total().saturating_add(succeeded.total()) >= completions
+    {
+        Some(new_condition(
+            FAILURE_TARGET,
+            "True",
+            "FailedIndexes",
+            "Job has failed indexes",
+            now,
+        ))
+    } else {
+        None
+    }
+}
+
+/// The `job_pods_creation_total` reason for this sync's creates.
+fn creation_reason(job: &Job, failed: i32, terminating: i32) -> &'static str {
+    if only_replace_failed(job) && failed > 0 {
         "recreate_failed"
-    } else if eval.failed > 0 || eval.terminating > 0 {
+    } else if failed > 0 || terminating > 0 {
         "recreate_terminating_or_failed"
     } else {
         "new"
-    };
-    eval.action = if eval.finished.is_some() {
+    }
+}
+
+/// JR-48 and JR-20: a pending finish deletes the active pods; otherwise pods are managed only
+/// with expectations met and the Job not being deleted.
+fn pod_action(obs: &Observed<'_>, eval: &Evaluation) -> PodAction {
+    if eval.finished.is_some() {
         PodAction::DeleteActive(eval.active_pods.clone())
-    } else if obs.expectations_satisfied && job.metadata.deletion_timestamp.is_none() {
-        manage(obs, &eval)
+    } else if obs.expectations_satisfied && obs.job.metadata.deletion_timestamp.is_none() {
+        manage(obs, eval)
     } else {
         PodAction::Skip
-    };
-    eval
+    }
 }
 
 /// JR-33: restarts of Pending/Running pods against the backoff limit for `OnFailure` pods.
@@ -824,15 +895,9 @@ pub struct Tracking {
 /// JR-26 steps 1–4 and JR-28: which terminated pods enter `uncountedTerminatedPods` and lose
 /// their finalizer this sync, and the interim condition to write first.
 pub fn track(obs: &Observed<'_>, eval: &Evaluation, needs_update: bool) -> Tracking {
-    let job = obs.job;
-    let indexed = is_indexed(job);
-    let completions = indexed_completions(job);
     let mut status = eval.status.clone();
     let mut needs_flush = needs_update;
-    let mut pods_sorted: Vec<&Arc<Pod>> = obs.pods.iter().collect();
-    if indexed {
-        pods_sorted.sort_by_key(|p| pods::completion_index(p).map_or(-1, i64::from));
-    }
+    // Step 1: the pods that still carry the finalizer.
     let with_finalizer: HashSet<String> = obs
         .pods
         .iter()
@@ -841,12 +906,73 @@ pub fn track(obs: &Observed<'_>, eval: &Evaluation, needs_update: bool) -> Track
         })
         .map(|p| pods::uid(p).to_string())
         .collect();
+    // Step 2.
     if clean_uncounted(&mut status, &with_finalizer) {
         needs_flush = true;
     }
-    let mut unc = status.uncounted_terminated_pods.clone().unwrap_or_default();
-    let mut unc_succeeded = unc.succeeded.take().unwrap_or_default();
-    let mut unc_failed = unc.failed.take().unwrap_or_default();
+    // Step 3. `uncountedTerminatedPods` is rewritten just below, so its lists are taken.
+    let mut unc = status.uncounted_terminated_pods.take().unwrap_or_default();
+    let rec = record_finished_pods(
+        obs,
+        eval,
+        unc.succeeded.take().unwrap_or_default(),
+        unc.failed.take().unwrap_or_default(),
+    );
+    if rec.changed {
+        needs_flush = true;
+    }
+    status.uncounted_terminated_pods = Some(UncountedTerminatedPods {
+        succeeded: (!rec.uncounted_succeeded.is_empty()).then_some(rec.uncounted_succeeded),
+        failed: (!rec.uncounted_failed.is_empty()).then_some(rec.uncounted_failed),
+    });
+    if is_indexed(obs.job) && record_indexes(&mut status, eval, rec.succeeded_indexes) {
+        needs_flush = true;
+    }
+    // Step 4.
+    let (interim_added, final_condition) = interim_condition(&mut status, eval, obs.now);
+    if interim_added {
+        needs_flush = true;
+    }
+    Tracking {
+        status,
+        needs_flush,
+        uids_with_finalizer: with_finalizer,
+        remove_finalizers: rec.remove,
+        final_condition,
+        reached_max_uncounted: rec.reached_max,
+        policy_actions: rec.policy_actions,
+    }
+}
+
+/// What [`record_finished_pods`] decided.
+struct Recorded {
+    uncounted_succeeded: Vec<String>,
+    uncounted_failed: Vec<String>,
+    /// Indexed Jobs: indexes newly succeeded (their pods enter no uncounted list).
+    succeeded_indexes: Vec<i32>,
+    remove: Vec<Arc<Pod>>,
+    policy_actions: BTreeMap<&'static str, u64>,
+    reached_max: bool,
+    /// Something new was recorded: the status must be written before any finalizer goes.
+    changed: bool,
+}
+
+/// JR-26 step 3, JR-28 and JR-30: each pod whose finalizer may go is recorded in the uncounted
+/// lists (or as a succeeded index) once, lowest index first, at most [`MAX_UNCOUNTED_PODS`].
+fn record_finished_pods(
+    obs: &Observed<'_>,
+    eval: &Evaluation,
+    uncounted_succeeded: Vec<String>,
+    uncounted_failed: Vec<String>,
+) -> Recorded {
+    let job = obs.job;
+    let indexed = is_indexed(job);
+    let completions = indexed_completions(job);
+    let mut pods_sorted: Vec<&Arc<Pod>> = obs.pods.iter().collect();
+    if indexed {
+        pods_sorted.sort_by_key(|p| pods::completion_index(p).map_or(-1, i64::from));
+    }
+    // While a failure finish is pending, every unsucceeded pod whose finalizer goes is a failure.
     let failing = eval
         .finished
         .as_ref()
@@ -855,10 +981,15 @@ pub fn track(obs: &Observed<'_>, eval: &Evaluation, needs_update: bool) -> Track
         .spec
         .as_ref()
         .and_then(|s| s.pod_failure_policy.as_ref());
-    let mut new_succeeded_indexes: Vec<i32> = Vec::new();
-    let mut remove = Vec::new();
-    let mut policy_actions: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut reached_max = false;
+    let mut rec = Recorded {
+        uncounted_succeeded,
+        uncounted_failed,
+        succeeded_indexes: Vec::new(),
+        remove: Vec::new(),
+        policy_actions: BTreeMap::new(),
+        reached_max: false,
+        changed: false,
+    };
     for pod in pods_sorted {
         let uid = pods::uid(pod);
         if !pods::has_tracking_finalizer(pod) || obs.expected_rm_finalizers.contains(uid) {
@@ -868,19 +999,19 @@ pub fn track(obs: &Observed<'_>, eval: &Evaluation, needs_update: bool) -> Track
         if !can_remove_finalizer(obs, eval, pod, considered_failed) {
             continue;
         }
-        remove.push(Arc::clone(pod));
+        rec.remove.push(Arc::clone(pod));
         let valid_index = |p: &Pod| pods::completion_index(p).filter(|ix| *ix < completions);
         if pods::succeeded(pod) && !eval.uncounted_failed.contains(uid) {
             if indexed {
                 if let Some(ix) = valid_index(pod)
                     && !eval.prev_succeeded_indexes.has(ix)
                 {
-                    new_succeeded_indexes.push(ix);
-                    needs_flush = true;
+                    rec.succeeded_indexes.push(ix);
+                    rec.changed = true;
                 }
             } else if !eval.uncounted_succeeded.contains(uid) {
-                needs_flush = true;
-                unc_succeeded.push(uid.to_string());
+                rec.changed = true;
+                rec.uncounted_succeeded.push(uid.to_string());
             }
         } else if (considered_failed || failing)
             && !eval.uncounted_failed.contains(uid)
@@ -888,73 +1019,73 @@ pub fn track(obs: &Observed<'_>, eval: &Evaluation, needs_update: bool) -> Track
         {
             let m = policy::match_pod_failure_policy(policy_spec, pod);
             if let Some(a) = m.action {
-                *policy_actions.entry(a.as_str()).or_default() += 1;
+                *rec.policy_actions.entry(a.as_str()).or_default() += 1;
             }
             if m.counts {
-                needs_flush = true;
-                unc_failed.push(uid.to_string());
+                rec.changed = true;
+                rec.uncounted_failed.push(uid.to_string());
             }
         }
-        if new_succeeded_indexes.len() + unc_succeeded.len() + unc_failed.len()
+        if rec.succeeded_indexes.len() + rec.uncounted_succeeded.len() + rec.uncounted_failed.len()
             >= MAX_UNCOUNTED_PODS
         {
-            reached_max = true;
+            rec.reached_max = true;
             break;
         }
     }
-    status.uncounted_terminated_pods = Some(UncountedTerminatedPods {
-        succeeded: (!unc_succeeded.is_empty()).then_some(unc_succeeded),
-        failed: (!unc_failed.is_empty()).then_some(unc_failed),
-    });
-    if indexed {
-        let done = eval.succeeded_indexes.with_indexes(new_succeeded_indexes);
-        let text = done.to_string();
-        if status.completed_indexes.as_deref().unwrap_or_default() != text {
-            needs_flush = true;
-        }
-        status.succeeded = Some(done.total());
-        status.completed_indexes = Some(text);
-        let failed_text = eval.failed_indexes.as_ref().map(ToString::to_string);
-        if status.failed_indexes != failed_text {
-            status.failed_indexes = failed_text;
-            needs_flush = true;
-        }
+    rec
+}
+
+/// JR-24, JR-37: an Indexed Job's `completedIndexes` (with the newly succeeded ones),
+/// `succeeded` and `failedIndexes`. Returns whether an index string changed.
+fn record_indexes(status: &mut JobStatus, eval: &Evaluation, new_succeeded: Vec<i32>) -> bool {
+    let mut changed = false;
+    let done = eval.succeeded_indexes.with_indexes(new_succeeded);
+    let text = done.to_string();
+    if status.completed_indexes.as_deref().unwrap_or_default() != text {
+        changed = true;
     }
-    let mut final_condition = None;
-    if let Some(c) = &eval.finished {
-        if c.type_ == FAILURE_TARGET {
-            // JR-49: the interim condition is written before any finalizer goes.
+    status.succeeded = Some(done.total());
+    status.completed_indexes = Some(text);
+    let failed_text = eval.failed_indexes.as_ref().map(ToString::to_string);
+    if status.failed_indexes != failed_text {
+        status.failed_indexes = failed_text;
+        changed = true;
+    }
+    changed
+}
+
+/// JR-26 step 4, JR-49: the pending finish's interim condition goes into this write, before any
+/// finalizer goes; returns whether it was added, and the terminal condition that follows.
+fn interim_condition(
+    status: &mut JobStatus,
+    eval: &Evaluation,
+    now: Timestamp,
+) -> (bool, Option<JobCondition>) {
+    let Some(c) = &eval.finished else {
+        return (false, None);
+    };
+    if c.type_ == FAILURE_TARGET {
+        status
+            .conditions
+            .get_or_insert_with(Vec::new)
+            .push(c.clone());
+        (true, Some(successor(c, FAILED, now)))
+    } else if c.type_ == SUCCESS_CRITERIA_MET {
+        let added = !condition_true(
+            status.conditions.as_deref().unwrap_or_default(),
+            SUCCESS_CRITERIA_MET,
+        );
+        if added {
             status
                 .conditions
                 .get_or_insert_with(Vec::new)
                 .push(c.clone());
-            needs_flush = true;
-            final_condition = Some(successor(c, FAILED, obs.now));
-        } else if c.type_ == SUCCESS_CRITERIA_MET {
-            if !condition_true(
-                status.conditions.as_deref().unwrap_or_default(),
-                SUCCESS_CRITERIA_MET,
-            ) {
-                status
-                    .conditions
-                    .get_or_insert_with(Vec::new)
-                    .push(c.clone());
-                needs_flush = true;
-            }
-            final_condition = Some(successor(c, COMPLETE, obs.now));
-        } else {
-            // A `Failed` derived from an existing FailureTarget.
-            final_condition = Some(c.clone());
         }
-    }
-    Tracking {
-        status,
-        needs_flush,
-        uids_with_finalizer: with_finalizer,
-        remove_finalizers: remove,
-        final_condition,
-        reached_max_uncounted: reached_max,
-        policy_actions,
+        (added, Some(successor(c, COMPLETE, now)))
+    } else {
+        // A `Failed` derived from an existing FailureTarget.
+        (false, Some(c.clone()))
     }
 }
 

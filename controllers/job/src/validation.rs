@@ -5,7 +5,7 @@
 
 use crate::indexes::Intervals;
 use crate::plan::{self, COMPLETE, FAILED, FAILURE_TARGET, SUCCESS_CRITERIA_MET, SUSPENDED};
-use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus};
 
 fn is_true(c: &[JobCondition], t: &str) -> bool {
     plan::condition_true(c, t)
@@ -43,20 +43,56 @@ fn valid_indexes(s: &str, completions: i32) -> bool {
     true
 }
 
+/// One status write: the cached Job, the status it holds and the status about to replace it.
+struct Write<'a> {
+    old: &'a Job,
+    spec: JobSpec,
+    o: JobStatus,
+    n: &'a JobStatus,
+}
+
+impl Write<'_> {
+    fn oc(&self) -> &[JobCondition] {
+        self.o.conditions.as_deref().unwrap_or_default()
+    }
+
+    fn nc(&self) -> &[JobCondition] {
+        self.n.conditions.as_deref().unwrap_or_default()
+    }
+
+    /// Whether condition `t` turns True or stops being True.
+    fn changed(&self, t: &str) -> bool {
+        is_true(self.oc(), t) != is_true(self.nc(), t)
+    }
+}
+
+fn finished(c: &[JobCondition]) -> bool {
+    is_true(c, COMPLETE) || is_true(c, FAILED)
+}
+
 /// The reasons `new` (the status about to be written over `old`, the cached Job) would be
 /// rejected; empty when the write is valid.
 pub fn violations(old: &Job, new_status: &JobStatus) -> Vec<String> {
+    let w = Write {
+        old,
+        spec: plan::spec(old),
+        o: old.status.clone().unwrap_or_default(),
+        n: new_status,
+    };
     let mut v = Vec::new();
-    let spec = plan::spec(old);
-    let o = old.status.clone().unwrap_or_default();
-    let n = new_status;
-    let oc = o.conditions.as_deref().unwrap_or_default();
-    let nc = n.conditions.as_deref().unwrap_or_default();
-    let finished = |c: &[JobCondition]| is_true(c, COMPLETE) || is_true(c, FAILED);
-    let changed = |t: &str| is_true(oc, t) != is_true(nc, t);
-    let finished_changed = finished(oc) != finished(nc);
-    let active = n.active.unwrap_or(0);
+    counter_violations(&w, &mut v);
+    let has_uncounted = uncounted_violations(&w, &mut v);
+    condition_violations(&w, &mut v);
+    finished_violations(&w, has_uncounted, &mut v);
+    start_time_violations(&w, &mut v);
+    index_violations(&w, &mut v);
+    v
+}
 
+/// JR-55: counters are never negative, failed never drops, succeeded drops only for an Indexed
+/// Job with completions == parallelism, ready never exceeds active.
+fn counter_violations(w: &Write<'_>, v: &mut Vec<String>) {
+    let (o, n) = (&w.o, w.n);
     for (name, val) in [
         ("active", n.active),
         ("ready", n.ready),
@@ -68,21 +104,24 @@ pub fn violations(old: &Job, new_status: &JobStatus) -> Vec<String> {
             v.push(format!("{name} is negative"));
         }
     }
-    // JR-55.
-    let indexed = plan::is_indexed(old);
     if n.succeeded.unwrap_or(0) < o.succeeded.unwrap_or(0)
-        && (!indexed || spec.completions != spec.parallelism)
+        && (!plan::is_indexed(w.old) || w.spec.completions != w.spec.parallelism)
     {
         v.push("succeeded decreases".into());
     }
     if n.failed.unwrap_or(0) < o.failed.unwrap_or(0) {
         v.push("failed decreases".into());
     }
-    if (n.ready != o.ready || n.active != o.active) && n.ready.unwrap_or(0) > active {
+    if (n.ready != o.ready || n.active != o.active) && n.ready.unwrap_or(0) > n.active.unwrap_or(0)
+    {
         v.push("ready > active".into());
     }
-    // JR-56.
-    let unc = n.uncounted_terminated_pods.clone().unwrap_or_default();
+}
+
+/// JR-56: uncounted UIDs are non-empty and unique across both lists. Returns whether any are
+/// listed.
+fn uncounted_violations(w: &Write<'_>, v: &mut Vec<String>) -> bool {
+    let unc = w.n.uncounted_terminated_pods.clone().unwrap_or_default();
     let all: Vec<String> = unc
         .succeeded
         .iter()
@@ -94,22 +133,27 @@ pub fn violations(old: &Job, new_status: &JobStatus) -> Vec<String> {
     if all.iter().any(|u| u.is_empty() || !seen.insert(u.clone())) {
         v.push("uncountedTerminatedPods has an empty or repeated UID".into());
     }
-    // JR-58.
+    !all.is_empty()
+}
+
+/// JR-58, then JR-57: no terminal or interim condition turns back from True; terminal
+/// conditions need their interim partner, and success and failure exclude each other.
+fn condition_violations(w: &Write<'_>, v: &mut Vec<String>) {
+    let (oc, nc) = (w.oc(), w.nc());
     for t in [COMPLETE, FAILED, FAILURE_TARGET, SUCCESS_CRITERIA_MET] {
         if is_true(oc, t) && !is_true(nc, t) {
             v.push(format!("{t}=True reverted"));
         }
     }
-    // JR-57.
     if is_true(nc, FAILED)
         && !is_true(nc, FAILURE_TARGET)
-        && (changed(FAILED) || n.failed_indexes != o.failed_indexes)
+        && (w.changed(FAILED) || w.n.failed_indexes != w.o.failed_indexes)
     {
         v.push("Failed without FailureTarget".into());
     }
     if is_true(nc, COMPLETE)
         && !is_true(nc, SUCCESS_CRITERIA_MET)
-        && (changed(COMPLETE) || changed(SUCCESS_CRITERIA_MET))
+        && (w.changed(COMPLETE) || w.changed(SUCCESS_CRITERIA_MET))
     {
         v.push("Complete without SuccessCriteriaMet".into());
     }
@@ -118,7 +162,7 @@ pub fn violations(old: &Job, new_status: &JobStatus) -> Vec<String> {
     }
     if is_true(nc, COMPLETE)
         && is_true(nc, FAILURE_TARGET)
-        && (changed(COMPLETE) || changed(FAILURE_TARGET))
+        && (w.changed(COMPLETE) || w.changed(FAILURE_TARGET))
     {
         v.push("Complete with FailureTarget".into());
     }
@@ -131,9 +175,15 @@ pub fn violations(old: &Job, new_status: &JobStatus) -> Vec<String> {
     {
         v.push("SuccessCriteriaMet added after Complete".into());
     }
-    // JR-59.
-    let nfin = finished(nc);
-    if nfin && active > 0 && (finished_changed || n.active != o.active) {
+}
+
+/// JR-59: a finished Job has no active, terminating or uncounted pods and a startTime;
+/// completionTime comes only with Complete, never changes and is not before startTime.
+fn finished_violations(w: &Write<'_>, has_uncounted: bool, v: &mut Vec<String>) {
+    let (o, n) = (&w.o, w.n);
+    let nfin = finished(w.nc());
+    let finished_changed = finished(w.oc()) != nfin;
+    if nfin && n.active.unwrap_or(0) > 0 && (finished_changed || n.active != o.active) {
         v.push("finished with active pods".into());
     }
     if nfin
@@ -143,12 +193,12 @@ pub fn violations(old: &Job, new_status: &JobStatus) -> Vec<String> {
         v.push("finished with terminating pods".into());
     }
     if nfin
-        && !all.is_empty()
+        && has_uncounted
         && (finished_changed || n.uncounted_terminated_pods != o.uncounted_terminated_pods)
     {
         v.push("finished with uncounted pods".into());
     }
-    let suspended_zero = plan::suspended(old) && spec.completions == Some(0);
+    let suspended_zero = plan::suspended(w.old) && w.spec.completions == Some(0);
     if nfin
         && n.start_time.is_none()
         && (finished_changed || n.start_time != o.start_time)
@@ -156,18 +206,13 @@ pub fn violations(old: &Job, new_status: &JobStatus) -> Vec<String> {
     {
         v.push("finished without startTime".into());
     }
-    let complete_changed = changed(COMPLETE);
+    let complete = is_true(w.nc(), COMPLETE);
+    let complete_changed = w.changed(COMPLETE);
     let completion_changed = n.completion_time != o.completion_time;
-    if n.completion_time.is_some()
-        && !is_true(nc, COMPLETE)
-        && (complete_changed || completion_changed)
-    {
+    if n.completion_time.is_some() && !complete && (complete_changed || completion_changed) {
         v.push("completionTime without Complete".into());
     }
-    if n.completion_time.is_none()
-        && is_true(nc, COMPLETE)
-        && (complete_changed || completion_changed)
-    {
+    if n.completion_time.is_none() && complete && (complete_changed || completion_changed) {
         v.push("Complete without completionTime".into());
     }
     if o.completion_time.is_some() && n.completion_time.is_some() && completion_changed {
@@ -179,23 +224,35 @@ pub fn violations(old: &Job, new_status: &JobStatus) -> Vec<String> {
     {
         v.push("completionTime before startTime".into());
     }
-    // JR-60: startTime is immutable for an unsuspended Job, except in the resume write.
-    let resuming = is_true(oc, SUSPENDED) && is_false(nc, SUSPENDED);
-    if o.start_time.is_some() && n.start_time != o.start_time && !resuming && !plan::suspended(old)
+}
+
+/// JR-60: startTime is immutable for an unsuspended Job, except in the resume write.
+fn start_time_violations(w: &Write<'_>, v: &mut Vec<String>) {
+    let resuming = is_true(w.oc(), SUSPENDED) && is_false(w.nc(), SUSPENDED);
+    if w.o.start_time.is_some()
+        && w.n.start_time != w.o.start_time
+        && !resuming
+        && !plan::suspended(w.old)
     {
         v.push("startTime changed on an unsuspended Job".into());
     }
-    let completions = spec.completions.unwrap_or(0);
+}
+
+/// JR-60: index strings parse, stay below completions, appear only where allowed and are
+/// disjoint.
+fn index_violations(w: &Write<'_>, v: &mut Vec<String>) {
+    let (o, n) = (&w.o, w.n);
+    let completions = w.spec.completions.unwrap_or(0);
     if n.completed_indexes != o.completed_indexes {
         let s = n.completed_indexes.as_deref().unwrap_or_default();
-        if !indexed && !s.is_empty() {
+        if !plan::is_indexed(w.old) && !s.is_empty() {
             v.push("completedIndexes on a NonIndexed Job".into());
         } else if !valid_indexes(s, completions) {
             v.push(format!("completedIndexes {s:?} malformed"));
         }
     }
     if n.failed_indexes != o.failed_indexes {
-        if n.failed_indexes.is_some() && spec.backoff_limit_per_index.is_none() {
+        if n.failed_indexes.is_some() && w.spec.backoff_limit_per_index.is_none() {
             v.push("failedIndexes without backoffLimitPerIndex".into());
         } else if !valid_indexes(n.failed_indexes.as_deref().unwrap_or_default(), completions) {
             v.push("failedIndexes malformed".into());
@@ -209,7 +266,6 @@ pub fn violations(old: &Job, new_status: &JobStatus) -> Vec<String> {
             v.push("failedIndexes overlap completedIndexes".into());
         }
     }
-    v
 }
 
 #[cfg(test)]

@@ -318,66 +318,13 @@ impl NodeLifecycle {
             m.expired = if stale { m.expired.or(Some(due)) } else { None };
         }
         if stale {
-            let before = plan::ready_status(&node).map(String::from);
-            // Count the node as Unknown in its zone at once (NL-5): the status write below may be
-            // slow, and zone states must see the whole batch before any NoExecute token is spent.
-            let marked = before.as_deref() != Some("Unknown")
-                && self
-                    .memory()
-                    .get_mut(name)
-                    .map(|m| m.ready = Some("Unknown".into()))
-                    .is_some();
-            if marked {
-                self.recompute_zones().await;
-            }
-            if let Some(updated) = self.act.stale_conditions(&node).await? {
-                self.detected("condition", due, Duration::ZERO);
-                node = updated;
-                if before.as_deref() == Some("True") {
-                    self.node_not_ready(&node).await;
-                }
-            }
+            self.mark_unknown(&mut node, name, due).await?;
         }
         if let Some(m) = self.memory().get_mut(name) {
             m.ready = plan::ready_status(&node).map(Into::into);
         }
-        // NL-8: NoSchedule taints, never rate limited.
-        let change = plan::no_schedule_change(&node);
-        if !change.is_empty() {
-            node = self.act.taints(&node, plan::no_schedule_change).await?;
-            if stale && change.add.iter().any(|t| t.key == plan::UNREACHABLE) {
-                self.detected("noschedule", due, Duration::ZERO);
-            }
-        }
-        // NL-9: NoExecute taints.
-        if plan::ready_status(&node).is_some() && !self.all_full.load(Ordering::Acquire) {
-            match plan::no_execute_step(&node) {
-                NoExecuteStep::Keep => {}
-                NoExecuteStep::Swap(_) => {
-                    self.act
-                        .taints(&node, |n| match plan::no_execute_step(n) {
-                            NoExecuteStep::Swap(c) => c,
-                            _ => TaintChange::default(),
-                        })
-                        .await?;
-                    if stale {
-                        self.detected("noexecute", due, Duration::ZERO);
-                    }
-                }
-                NoExecuteStep::Clear(c) => {
-                    self.dequeue(name);
-                    if !c.is_empty() {
-                        self.act
-                            .taints(&node, |n| match plan::no_execute_step(n) {
-                                NoExecuteStep::Clear(c) => c,
-                                _ => TaintChange::default(),
-                            })
-                            .await?;
-                    }
-                }
-                NoExecuteStep::Enqueue => self.enqueue(&plan::zone_key(&node), name),
-            }
-        }
+        self.no_schedule_taints(&mut node, stale, due).await?;
+        self.no_execute_taints(&node, name, stale, due).await?;
         // Zone states are a scan of every node: redo it only when this node changed what they
         // count (a full pass must not cost O(nodes²)).
         let after = self.memory().get(name).map(NodeMemory::zone_inputs);
@@ -396,6 +343,89 @@ impl NodeLifecycle {
                     .saturating_add(Duration::from_millis(1)),
             )
         })
+    }
+
+    /// NL-4: the node's grace ran out at `due`: its conditions go Unknown, and NL-6 follows
+    /// when that moved Ready off True.
+    async fn mark_unknown(&self, node: &mut Node, name: &str, due: Instant) -> Result<(), Error> {
+        let before = plan::ready_status(node).map(String::from);
+        // Count the node as Unknown in its zone at once (NL-5): the status write below may be
+        // slow, and zone states must see the whole batch before any NoExecute token is spent.
+        let marked = before.as_deref() != Some("Unknown")
+            && self
+                .memory()
+                .get_mut(name)
+                .map(|m| m.ready = Some("Unknown".into()))
+                .is_some();
+        if marked {
+            self.recompute_zones().await;
+        }
+        if let Some(updated) = self.act.stale_conditions(node).await? {
+            self.detected("condition", due, Duration::ZERO);
+            *node = updated;
+            if before.as_deref() == Some("True") {
+                self.node_not_ready(node).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// NL-8: NoSchedule taints, never rate limited.
+    async fn no_schedule_taints(
+        &self,
+        node: &mut Node,
+        stale: bool,
+        due: Instant,
+    ) -> Result<(), Error> {
+        let change = plan::no_schedule_change(node);
+        if !change.is_empty() {
+            *node = self.act.taints(node, plan::no_schedule_change).await?;
+            if stale && change.add.iter().any(|t| t.key == plan::UNREACHABLE) {
+                self.detected("noschedule", due, Duration::ZERO);
+            }
+        }
+        Ok(())
+    }
+
+    /// NL-9: NoExecute taints: swapped or cleared at once, added through the zone queue (NL-10);
+    /// none while every zone is fully disrupted (NL-14).
+    async fn no_execute_taints(
+        &self,
+        node: &Node,
+        name: &str,
+        stale: bool,
+        due: Instant,
+    ) -> Result<(), Error> {
+        if plan::ready_status(node).is_none() || self.all_full.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match plan::no_execute_step(node) {
+            NoExecuteStep::Keep => {}
+            NoExecuteStep::Swap(_) => {
+                self.act
+                    .taints(node, |n| match plan::no_execute_step(n) {
+                        NoExecuteStep::Swap(c) => c,
+                        _ => TaintChange::default(),
+                    })
+                    .await?;
+                if stale {
+                    self.detected("noexecute", due, Duration::ZERO);
+                }
+            }
+            NoExecuteStep::Clear(c) => {
+                self.dequeue(name);
+                if !c.is_empty() {
+                    self.act
+                        .taints(node, |n| match plan::no_execute_step(n) {
+                            NoExecuteStep::Clear(c) => c,
+                            _ => TaintChange::default(),
+                        })
+                        .await?;
+                }
+            }
+            NoExecuteStep::Enqueue => self.enqueue(&plan::zone_key(node), name),
+        }
+        Ok(())
     }
 
     /// NL-6: the controller turned Ready from True to not-True.
