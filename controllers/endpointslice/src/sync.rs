@@ -9,8 +9,9 @@ use crate::plan::{self, MANAGED_BY, name_of};
 use crate::topology::{self, SliceInfo, TopologyCache};
 use crate::tracker::{SliceTracker, TriggerTimes};
 use crate::{Error, trafficdist};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
 use shared::api::writer::Writer;
 use shared::cache::informers::{INDEX_NAMESPACE, Informer};
 use shared::cache::pod::Pod;
@@ -18,7 +19,7 @@ use shared::meta::keys::split_key;
 use shared::meta::refs::object_reference;
 use shared::runtime::events::EventRecorder;
 use shared::runtime::queue::Next;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 /// Slices by the Service their service-name label names (`namespace/name`).
@@ -99,11 +100,7 @@ impl EndpointSlices {
 
     async fn sync_service(&self, key: &str) -> Result<Next, Error> {
         let Some(svc) = self.caches.services.get(key) else {
-            // ES-1: the Service is gone; its slices are the garbage collector's.
-            self.triggers.forget(key);
-            self.metrics.forget_service(key);
-            self.tracker.forget(key);
-            self.set_retained(key, 0);
+            self.forget_service(key);
             return Ok(Next::Done);
         };
         let spec = svc.spec.as_ref();
@@ -115,49 +112,13 @@ impl EndpointSlices {
         };
         self.set_retained(key, 0);
         let (namespace, _) = split_key(key);
-        let pods: Vec<Arc<Pod>> = self
-            .caches
-            .pods
-            .by_index(INDEX_NAMESPACE, namespace)
-            .into_iter()
-            .filter(|p| selects(selector, p.metadata.labels.as_ref()))
-            .collect();
-        // Held before the cache is read: a slice event landing between the read and a later
-        // hold would find nothing to release, and the Service would wait out its backoff.
-        self.tracker.hold(key);
-        let slices = self.managed_slices(key);
-        if self.tracker.stale(key, &slices) {
-            self.metrics
-                .runtime
-                .stale_skip(crate::NAME, "endpointslices");
-            return Err(Error::Stale(format!(
-                "EndpointSlice informer cache is out of date for Service {key}"
-            )));
-        }
-        self.tracker.release(key);
-        let trigger = self.triggers.compute(
-            key,
-            svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            pods.iter().map(|p| {
-                (
-                    p.metadata.name.as_deref().unwrap_or_default(),
-                    p.condition("Ready")
-                        .and_then(|c| c.last_transition_time.as_ref())
-                        .map(|t| t.0),
-                )
-            }),
-        );
+        let pods = self.selected_pods(namespace, selector);
+        let slices = self.current_slices(key)?;
+        let trigger = self.trigger_time(key, &svc, &pods);
         let mut errors = Vec::new();
         let mut events = Vec::new();
         let families = endpoints::address_types(&svc);
-        let mut unused = Vec::new();
-        for slice in &slices {
-            if !families.contains(slice.address_type.as_str()) {
-                self.topology.remove_hints(key, &slice.address_type);
-                self.metrics.forget_family(key, &slice.address_type);
-                unused.push(Arc::clone(slice));
-            }
-        }
+        let unused = self.unused_address_types(key, &slices, &families);
         let act = Act {
             writer: &self.writer,
             tracker: &self.tracker,
@@ -172,43 +133,170 @@ impl EndpointSlices {
                 .filter(|s| s.address_type == family)
                 .cloned()
                 .collect();
-            let desired = endpoints::desired(
-                &svc,
-                pods.iter().map(AsRef::as_ref),
-                |node| self.caches.nodes.get(node),
-                family,
-            );
-            if !desired.missing_nodes.is_empty() {
-                tracing::info!(service = key, skipped = ?desired.missing_nodes, "skipping pods whose Node is not cached");
-            }
-            errors.extend(desired.missing_nodes.iter().cloned());
-            let mut typed = plan::plan_address_type(
-                &svc,
-                &existing,
-                desired,
-                self.config.max_endpoints_per_slice,
-                family,
-            );
-            self.metrics.added_per_sync.observe(typed.added as f64);
-            self.metrics.removed_per_sync.observe(typed.removed as f64);
-            self.metrics
-                .set_efficiency(key, family, std::mem::take(&mut typed.efficiency));
+            let (typed, skipped) = self.plan_address_type(&svc, key, &pods, &existing, family);
+            errors.extend(skipped);
             let (writes, topology_label, distribution) =
                 self.hints(&svc, key, &existing, typed, &mut events);
-            let changed = writes.create.len() + writes.update.len() + writes.delete.len();
-            match act.write(writes, trigger).await {
-                Ok(()) => self
-                    .metrics
-                    .changed_per_sync
-                    .get_or_create(&ChangedLabels {
-                        topology: topology_label.into(),
-                        traffic_distribution: distribution,
-                    })
-                    .observe(changed as f64),
-                Err(e) => errors.push(e.to_string()),
+            if let Err(e) = self
+                .write_address_type(&act, writes, trigger, topology_label, distribution)
+                .await
+            {
+                errors.push(e.to_string());
             }
         }
-        for slice in &unused {
+        self.delete_unused(&act, key, &unused, &mut errors).await;
+        let about = object_reference(svc.as_ref());
+        self.record_hint_events(&about, events);
+        self.outcome(&about, key, errors)
+    }
+
+    /// ES-1: the Service is gone; its slices are the garbage collector's, what we remember of
+    /// it is ours to drop.
+    fn forget_service(&self, key: &str) {
+        self.triggers.forget(key);
+        self.metrics.forget_service(key);
+        self.tracker.forget(key);
+        self.set_retained(key, 0);
+    }
+
+    /// ES-2: the cached pods of the namespace that the selector selects.
+    fn selected_pods(&self, namespace: &str, selector: &BTreeMap<String, String>) -> Vec<Arc<Pod>> {
+        self.caches
+            .pods
+            .by_index(INDEX_NAMESPACE, namespace)
+            .into_iter()
+            .filter(|p| selects(selector, p.metadata.labels.as_ref()))
+            .collect()
+    }
+
+    /// ES-2 and ES-15: the Service's slices, unless the cache has not caught up with our
+    /// writes.
+    fn current_slices(&self, key: &str) -> Result<Vec<Arc<EndpointSlice>>, Error> {
+        // Held before the cache is read: a slice event landing between the read and a later
+        // hold would find nothing to release, and the Service would wait out its backoff.
+        self.tracker.hold(key);
+        let slices = self.managed_slices(key);
+        self.refuse_stale(key, &slices)?;
+        self.tracker.release(key);
+        Ok(slices)
+    }
+
+    /// ES-15: a lagging slice cache stops the sync before it writes anything.
+    fn refuse_stale(&self, key: &str, slices: &[Arc<EndpointSlice>]) -> Result<(), Error> {
+        if self.tracker.stale(key, slices) {
+            self.metrics
+                .runtime
+                .stale_skip(crate::NAME, "endpointslices");
+            return Err(Error::Stale(format!(
+                "EndpointSlice informer cache is out of date for Service {key}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// ES-17: the trigger time this sync stamps on its writes, from the Service's creation and
+    /// its pods' readiness transitions.
+    fn trigger_time(&self, key: &str, svc: &Service, pods: &[Arc<Pod>]) -> Option<Timestamp> {
+        self.triggers.compute(
+            key,
+            svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            pods.iter().map(|p| {
+                (
+                    p.metadata.name.as_deref().unwrap_or_default(),
+                    p.condition("Ready")
+                        .and_then(|c| c.last_transition_time.as_ref())
+                        .map(|t| t.0),
+                )
+            }),
+        )
+    }
+
+    /// ES-14 step 1: slices of an address type the Service no longer has; their hints and
+    /// metrics are dropped now, the slices deleted after the used types are written.
+    fn unused_address_types(
+        &self,
+        key: &str,
+        slices: &[Arc<EndpointSlice>],
+        families: &BTreeSet<&'static str>,
+    ) -> Vec<Arc<EndpointSlice>> {
+        let mut unused = Vec::new();
+        for slice in slices {
+            if !families.contains(slice.address_type.as_str()) {
+                self.topology.remove_hints(key, &slice.address_type);
+                self.metrics.forget_family(key, &slice.address_type);
+                unused.push(Arc::clone(slice));
+            }
+        }
+        unused
+    }
+
+    /// ES-9..ES-14 steps 2-8 for one address type: the desired endpoints, the plan against
+    /// `existing` and its metrics; also the pods skipped for an uncached node (ES-11), which
+    /// fail the sync once the rest is written.
+    fn plan_address_type(
+        &self,
+        svc: &Service,
+        key: &str,
+        pods: &[Arc<Pod>],
+        existing: &[Arc<EndpointSlice>],
+        family: &'static str,
+    ) -> (plan::TypePlan, Vec<String>) {
+        let desired = endpoints::desired(
+            svc,
+            pods.iter().map(AsRef::as_ref),
+            |node| self.caches.nodes.get(node),
+            family,
+        );
+        if !desired.missing_nodes.is_empty() {
+            tracing::info!(service = key, skipped = ?desired.missing_nodes, "skipping pods whose Node is not cached");
+        }
+        let skipped = desired.missing_nodes.clone();
+        let mut typed = plan::plan_address_type(
+            svc,
+            existing,
+            desired,
+            self.config.max_endpoints_per_slice,
+            family,
+        );
+        self.metrics.added_per_sync.observe(typed.added as f64);
+        self.metrics.removed_per_sync.observe(typed.removed as f64);
+        self.metrics
+            .set_efficiency(key, family, std::mem::take(&mut typed.efficiency));
+        (typed, skipped)
+    }
+
+    /// ES-14 step 10 for one address type; a success is counted in the per-sync histogram
+    /// under the hint labels.
+    async fn write_address_type(
+        &self,
+        act: &Act<'_>,
+        writes: plan::Writes,
+        trigger: Option<Timestamp>,
+        topology_label: &'static str,
+        distribution: String,
+    ) -> Result<(), Error> {
+        let changed = writes.create.len() + writes.update.len() + writes.delete.len();
+        act.write(writes, trigger).await?;
+        self.metrics
+            .changed_per_sync
+            .get_or_create(&ChangedLabels {
+                topology: topology_label.into(),
+                traffic_distribution: distribution,
+            })
+            .observe(changed as f64);
+        Ok(())
+    }
+
+    /// ES-14: the unused address types' slices, each attempted even after a failure, as
+    /// upstream does.
+    async fn delete_unused(
+        &self,
+        act: &Act<'_>,
+        key: &str,
+        unused: &[Arc<EndpointSlice>],
+        errors: &mut Vec<String>,
+    ) {
+        for slice in unused {
             if let Err(e) = act.delete(std::slice::from_ref(slice)).await {
                 errors.push(format!(
                     "error deleting {} EndpointSlice for Service {key}: {e}",
@@ -216,14 +304,26 @@ impl EndpointSlices {
                 ));
             }
         }
-        let about = object_reference(svc.as_ref());
+    }
+
+    /// ES-19: the hint events of every address type, on the Service, in the order they arose.
+    fn record_hint_events(&self, about: &ObjectReference, events: Vec<topology::HintEvent>) {
         for e in events {
             if e.warning {
-                self.events.warning(&about, e.reason, "", e.message);
+                self.events.warning(about, e.reason, "", e.message);
             } else {
-                self.events.normal(&about, e.reason, "", e.message);
+                self.events.normal(about, e.reason, "", e.message);
             }
         }
+    }
+
+    /// The sync's result: done, or Go's aggregate error, also as a Warning on the Service.
+    fn outcome(
+        &self,
+        about: &ObjectReference,
+        key: &str,
+        mut errors: Vec<String>,
+    ) -> Result<Next, Error> {
         if errors.is_empty() {
             return Ok(Next::Done);
         }
@@ -237,7 +337,7 @@ impl EndpointSlices {
             format!("[{}]", errors.join(", "))
         };
         self.events.warning(
-            &about,
+            about,
             "FailedToUpdateEndpointSlices",
             "",
             format!("Error updating Endpoint Slices for Service {key}: {message}"),
@@ -364,14 +464,7 @@ impl EndpointSlices {
             }
             return Ok(Next::Done);
         }
-        if self.tracker.stale(key, &slices) {
-            self.metrics
-                .runtime
-                .stale_skip(crate::NAME, "endpointslices");
-            return Err(Error::Stale(format!(
-                "EndpointSlice informer cache is out of date for Service {key}"
-            )));
-        }
+        self.refuse_stale(key, &slices)?;
         self.set_retained(key, 0);
         let (namespace, _) = split_key(key);
         Act {
