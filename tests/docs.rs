@@ -69,7 +69,11 @@ fn every_rule_id_the_code_cites_is_in_docs_rules_md() {
     let root = root();
     let index = std::fs::read_to_string(root.join("docs/rules.md")).expect("docs/rules.md");
     let known = defined(&index);
-    assert!(known.len() > 300, "docs/rules.md defines only {} IDs", known.len());
+    assert!(
+        known.len() > 300,
+        "docs/rules.md defines only {} IDs",
+        known.len()
+    );
     let mut files = Vec::new();
     for d in ["controllers", "shared", "pilothouse"] {
         rust_files(&root.join(d), &mut files);
@@ -83,9 +87,14 @@ fn every_rule_id_the_code_cites_is_in_docs_rules_md() {
                 if let Some(id) = rule_id(t)
                     && !known.contains(id)
                 {
-                    problems.push(format!("{rel}:{}: {id} is not defined in docs/rules.md", n + 1));
+                    problems.push(format!(
+                        "{rel}:{}: {id} is not defined in docs/rules.md",
+                        n + 1
+                    ));
                 }
-                if t.strip_prefix("B-").is_some_and(|d| d.chars().all(|c| c.is_ascii_digit())) {
+                if t.strip_prefix("B-")
+                    .is_some_and(|d| d.chars().all(|c| c.is_ascii_digit()))
+                {
                     problems.push(format!(
                         "{rel}:{}: {t} names no area: write JB-, SB- or NB- (docs/rules.md)",
                         n + 1

@@ -409,11 +409,7 @@ impl Tracker {
 
     fn replace(&mut self, t: &Target, v: &Value, rv: String) -> Result<Value, kube::Error> {
         let s = self;
-        let stored = s
-            .objects
-            .get(&id(t))
-            .cloned()
-            .ok_or_else(|| not_found(t))?;
+        let stored = s.objects.get(&id(t)).cloned().ok_or_else(|| not_found(t))?;
         if let Some(want) = meta_str(v, "resourceVersion")
             && Some(want) != meta_str(&stored, "resourceVersion")
         {
@@ -466,11 +462,7 @@ impl Tracker {
         rv: String,
     ) -> Result<Value, kube::Error> {
         let s = self;
-        let mut next = s
-            .objects
-            .get(&id(t))
-            .cloned()
-            .ok_or_else(|| not_found(t))?;
+        let mut next = s.objects.get(&id(t)).cloned().ok_or_else(|| not_found(t))?;
         if let Some(want) = meta_str(patch, "resourceVersion")
             && Some(want) != meta_str(&next, "resourceVersion")
         {

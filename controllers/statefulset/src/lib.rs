@@ -5,8 +5,9 @@
 //! Wiring only: one queue (`statefulset`, keyed `namespace/name`) fed by set changes and by the
 //! changes of their pods (ST-2); claims and revisions are read from the caches (ST-1). [`sync`] is
 //! one set's sync; [`revision`] (ST-11..ST-17), [`identity`] (ST-6..ST-10, ST-32..ST-36),
-//! [`plan`] (ST-18..ST-31) and [`status`] (ST-40..ST-42) are its pure decisions; [`act`] its
-//! writes.
+//! [`plan`] (ST-18..ST-31) and [`status`] (ST-40..ST-42) are its pure decisions;
+//! [`pod_control`] makes the plan's writes to pods and claims with their events (ST-43), through
+//! [`act`]'s requests.
 
 // Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
 // workspace lints). Tests may use plain operators on the instants they build.
@@ -21,6 +22,7 @@ pub mod identity;
 pub mod metrics;
 pub mod model;
 pub mod plan;
+pub mod pod_control;
 pub mod revision;
 pub mod status;
 pub mod sync;

@@ -217,70 +217,11 @@ pub const MAX_MISSING: usize = 10_000;
 /// The plan of one sync.
 pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
     let min_ready = set.min_ready_seconds;
-    let replicas = set.replicas.max(0);
     let start = set.start;
-    // ST-6: slots by index; valid ordinals outside the range are condemned.
-    let end = i64::from(start) + i64::from(replicas) - 1;
-    let mut by_ordinal: BTreeMap<i32, &PodView> = BTreeMap::new();
-    let mut condemned: Vec<&PodView> = Vec::new();
-    for p in pods.iter().filter(|p| p.ordinal >= 0) {
-        if i64::from(p.ordinal) >= i64::from(start) && i64::from(p.ordinal) <= end {
-            by_ordinal.insert(p.ordinal, p);
-        } else {
-            condemned.push(p);
-        }
-    }
-    // Descending ordinal (ST-22).
-    condemned.sort_by_key(|p| std::cmp::Reverse(p.ordinal));
-    // Slots in ordinal order. Missing ones beyond MAX_MISSING are not materialised (a set of
-    // two billion replicas must not allocate them): they are created by later syncs, and count
-    // as unavailable through `beyond`.
-    let mut slots: Vec<Slot<'_>> = Vec::new();
-    let mut missing = 0usize;
-    let mut beyond = 0i64;
-    // Ordinals that fit in an i32 (a start near i32::MAX leaves fewer than `replicas`).
-    let last = end.min(i64::from(i32::MAX));
-    let mut ord = i64::from(start);
-    while ord <= last {
-        let o = ord as i32; // start ≤ ord ≤ i32::MAX
-        match by_ordinal.get(&o) {
-            Some(p) => slots.push(Slot::Pod(p)),
-            None if missing < MAX_MISSING => {
-                missing += 1;
-                slots.push(Slot::Missing {
-                    ordinal: o,
-                    which: which_revision(set, o),
-                });
-            }
-            None => {
-                // The budget is spent: count the gap up to the next pod (or the end) at once
-                // rather than step through up to two billion ordinals.
-                let next = by_ordinal
-                    .range(o..)
-                    .next()
-                    .map_or(last + 1, |(n, _)| i64::from(*n));
-                beyond += next - ord;
-                ord = next;
-                continue;
-            }
-        }
-        ord += 1;
-    }
-    // ST-18: the first unavailable slot, else the lowest-ordinal unavailable condemned pod.
-    let first_unavailable: Option<&str> = slots
-        .iter()
-        .find(|s| s.unavailable(min_ready, now))
-        .map(|s| match s {
-            Slot::Pod(p) => p.name.as_str(),
-            Slot::Missing { .. } => "",
-        })
-        .or_else(|| {
-            condemned
-                .iter()
-                .rev()
-                .find(|p| p.unavailable(min_ready, now))
-                .map(|p| p.name.as_str())
-        });
+    let end = i64::from(start) + i64::from(set.replicas.max(0)) - 1;
+    let (by_ordinal, condemned) = sort_pods(pods, start, end);
+    let (slots, beyond) = slots(set, &by_ordinal, end);
+    let first_unavailable = first_unavailable(&slots, &condemned, min_ready, now);
     let mut out = Plan {
         requeue_after: [requeue(pods, min_ready, now), overdue_at(set, pods, now)]
             .into_iter()
@@ -308,69 +249,16 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
         return out;
     }
     let monotonic = set.management == Management::OrderedReady;
-    let mut replica_phase = Phase {
-        actions: Vec::new(),
-        concurrent: !monotonic,
-    };
-    let mut blocked: Option<String> = None;
-    for slot in &slots {
-        let (actions, stop) = process_replica(set, slot, monotonic, now);
-        replica_phase.actions.extend(actions);
-        if stop && monotonic {
-            blocked = Some(match slot {
-                Slot::Pod(p) => format!("waiting for pod {}", p.name),
-                Slot::Missing { ordinal, .. } => format!("creating ordinal {ordinal}"),
-            });
-            break;
-        }
-    }
+    let (replica_phase, blocked) = replica_phase(set, &slots, monotonic, now);
     if monotonic && blocked.is_some() {
         out.phases.push(replica_phase);
         out.phases.retain(|p| !p.actions.is_empty());
         out.blocked = blocked;
         return out;
     }
-    // ST-34: condemned pods' claims get their references before the pods go.
-    let claim_phase = Phase {
-        actions: condemned
-            .iter()
-            .filter(|p| !p.claim_refs_ok)
-            .map(|p| Action::FixClaimRefs {
-                name: p.name.clone(),
-            })
-            .collect(),
-        concurrent: !monotonic,
-    };
-    // ST-22 (upstream `processCondemned`), highest ordinal first.
-    let mut condemned_phase = Phase {
-        actions: Vec::new(),
-        concurrent: !monotonic,
-    };
-    for p in &condemned {
-        if p.terminating {
-            if monotonic {
-                blocked = Some(format!("waiting for condemned pod {} to go", p.name));
-                break;
-            }
-            continue;
-        }
-        let first = first_unavailable == Some(p.name.as_str());
-        if monotonic && !first && (!p.running_and_ready() || !p.available(min_ready, now)) {
-            blocked = Some(format!(
-                "waiting for {} before scaling down",
-                first_unavailable.unwrap_or_default()
-            ));
-            break;
-        }
-        condemned_phase.actions.push(Action::DeletePod {
-            name: p.name.clone(),
-            why: Why::Condemned,
-        });
-        if monotonic {
-            blocked = Some(format!("scaling down: {} goes first", p.name));
-            break;
-        }
-    }
+    let claim_phase = claim_phase(&condemned, monotonic);
+    let (condemned_phase, blocked) =
+        condemned_phase(&condemned, first_unavailable, monotonic, min_ready, now);
     if monotonic {
         out.phases = vec![replica_phase, claim_phase, condemned_phase];
     } else {
@@ -396,6 +284,169 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
         }
     }
     out
+}
+
+/// ST-6: the pods of the ordinal range `start..=end` by ordinal, and the condemned ones (valid
+/// ordinals outside it) in descending ordinal (ST-22).
+fn sort_pods(pods: &[PodView], start: i32, end: i64) -> (BTreeMap<i32, &PodView>, Vec<&PodView>) {
+    let mut by_ordinal: BTreeMap<i32, &PodView> = BTreeMap::new();
+    let mut condemned: Vec<&PodView> = Vec::new();
+    for p in pods.iter().filter(|p| p.ordinal >= 0) {
+        if i64::from(p.ordinal) >= i64::from(start) && i64::from(p.ordinal) <= end {
+            by_ordinal.insert(p.ordinal, p);
+        } else {
+            condemned.push(p);
+        }
+    }
+    condemned.sort_by_key(|p| std::cmp::Reverse(p.ordinal));
+    (by_ordinal, condemned)
+}
+
+/// The slots up to ordinal `end` in ordinal order, and how many missing ones were left out.
+/// Missing ones beyond [`MAX_MISSING`] are not materialised (a set of two billion replicas must
+/// not allocate them): they are created by later syncs, and count as unavailable.
+fn slots<'a>(
+    set: &SetView,
+    by_ordinal: &BTreeMap<i32, &'a PodView>,
+    end: i64,
+) -> (Vec<Slot<'a>>, i64) {
+    let mut slots: Vec<Slot<'a>> = Vec::new();
+    let mut missing = 0usize;
+    let mut beyond = 0i64;
+    // Ordinals that fit in an i32 (a start near i32::MAX leaves fewer than `replicas`).
+    let last = end.min(i64::from(i32::MAX));
+    let mut ord = i64::from(set.start);
+    while ord <= last {
+        let o = ord as i32; // start ≤ ord ≤ i32::MAX
+        match by_ordinal.get(&o) {
+            Some(p) => slots.push(Slot::Pod(p)),
+            None if missing < MAX_MISSING => {
+                missing += 1;
+                slots.push(Slot::Missing {
+                    ordinal: o,
+                    which: which_revision(set, o),
+                });
+            }
+            None => {
+                // The budget is spent: count the gap up to the next pod (or the end) at once
+                // rather than step through up to two billion ordinals.
+                let next = by_ordinal
+                    .range(o..)
+                    .next()
+                    .map_or(last + 1, |(n, _)| i64::from(*n));
+                beyond += next - ord;
+                ord = next;
+                continue;
+            }
+        }
+        ord += 1;
+    }
+    (slots, beyond)
+}
+
+/// ST-18: the first unavailable slot (`""` for a missing one), else the lowest-ordinal
+/// unavailable condemned pod.
+fn first_unavailable<'a>(
+    slots: &[Slot<'a>],
+    condemned: &[&'a PodView],
+    min_ready: i32,
+    now: Timestamp,
+) -> Option<&'a str> {
+    slots
+        .iter()
+        .find(|s| s.unavailable(min_ready, now))
+        .map(|s| match s {
+            Slot::Pod(p) => p.name.as_str(),
+            Slot::Missing { .. } => "",
+        })
+        .or_else(|| {
+            condemned
+                .iter()
+                .rev()
+                .find(|p| p.unavailable(min_ready, now))
+                .map(|p| p.name.as_str())
+        })
+}
+
+/// ST-19 for every slot in ordinal order, and why an OrderedReady pass stopped (where it stops,
+/// the slots after it get nothing).
+fn replica_phase(
+    set: &SetView,
+    slots: &[Slot<'_>],
+    monotonic: bool,
+    now: Timestamp,
+) -> (Phase, Option<String>) {
+    let mut phase = Phase {
+        actions: Vec::new(),
+        concurrent: !monotonic,
+    };
+    for slot in slots {
+        let (actions, stop) = process_replica(set, slot, monotonic, now);
+        phase.actions.extend(actions);
+        if stop && monotonic {
+            let blocked = match slot {
+                Slot::Pod(p) => format!("waiting for pod {}", p.name),
+                Slot::Missing { ordinal, .. } => format!("creating ordinal {ordinal}"),
+            };
+            return (phase, Some(blocked));
+        }
+    }
+    (phase, None)
+}
+
+/// ST-34: condemned pods' claims get their references before the pods go.
+fn claim_phase(condemned: &[&PodView], monotonic: bool) -> Phase {
+    Phase {
+        actions: condemned
+            .iter()
+            .filter(|p| !p.claim_refs_ok)
+            .map(|p| Action::FixClaimRefs {
+                name: p.name.clone(),
+            })
+            .collect(),
+        concurrent: !monotonic,
+    }
+}
+
+/// ST-22 (upstream `processCondemned`), highest ordinal first: the deletes, and why an
+/// OrderedReady pass stopped (it deletes one pod at a time, after every other is available).
+fn condemned_phase(
+    condemned: &[&PodView],
+    first_unavailable: Option<&str>,
+    monotonic: bool,
+    min_ready: i32,
+    now: Timestamp,
+) -> (Phase, Option<String>) {
+    let mut phase = Phase {
+        actions: Vec::new(),
+        concurrent: !monotonic,
+    };
+    for p in condemned {
+        if p.terminating {
+            if monotonic {
+                let blocked = format!("waiting for condemned pod {} to go", p.name);
+                return (phase, Some(blocked));
+            }
+            continue;
+        }
+        let first = first_unavailable == Some(p.name.as_str());
+        if monotonic && !first && (!p.running_and_ready() || !p.available(min_ready, now)) {
+            let blocked = format!(
+                "waiting for {} before scaling down",
+                first_unavailable.unwrap_or_default()
+            );
+            return (phase, Some(blocked));
+        }
+        phase.actions.push(Action::DeletePod {
+            name: p.name.clone(),
+            why: Why::Condemned,
+        });
+        if monotonic {
+            let blocked = format!("scaling down: {} goes first", p.name);
+            return (phase, Some(blocked));
+        }
+    }
+    (phase, None)
 }
 
 /// ST-19 (upstream `processReplica`): the actions for one slot and whether an OrderedReady

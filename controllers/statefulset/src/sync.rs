@@ -1,12 +1,13 @@
 //! One StatefulSet's sync (upstream `sync` → `UpdateStatefulSet`): read-your-writes check
 //! (ST-44), adoption of revisions and pods (ST-4), the current and update revisions (ST-14),
 //! the plan (ST-18..ST-31) and its writes, the status (ST-40..ST-42) and the history (ST-17).
+//! The writes to pods and claims are [`crate::pod_control`]'s.
 
 use crate::identity::{self, Owners};
 use crate::metrics::{GroupResource, Metrics, SetLabels, ZeroGraceLabels};
 use crate::model::StatefulSet;
 use crate::plan::{self, Action, Management, PodView, SetView, Strategy, Which};
-use crate::revision::{self, Current, Existing, OnAlreadyExists, SetSource, Update};
+use crate::revision::{self, Current, Decision, Existing, OnAlreadyExists, SetSource, Update};
 use crate::{Error, act, api, status};
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -371,120 +372,26 @@ impl StatefulSets {
     /// ST-14 (upstream `getStatefulSetRevisions`): the current and update revisions, creating or
     /// rolling back to one as needed.
     async fn revisions(&self, key: &str, set: &StatefulSet) -> Result<Revs, Error> {
-        let objects = self.revisions_of(set);
-        let data = objects
-            .iter()
-            .map(|r| revision::go_json(&r.data.0))
-            .collect();
-        let revs = Revisions { objects, data };
-        let existing = revs.existing();
+        let revs = self.cached_revisions(set);
         let spec = set.spec();
-        let candidate = revision::patch_data(&spec.template);
-        let status = set.status();
-        let mut count = status.collision_count.unwrap_or(0);
-        let mut decision = revision::choose(
-            &existing,
-            &candidate,
-            count,
-            status.current_revision.as_deref(),
-            |newest| {
-                revs.template(newest.name)
-                    .is_some_and(|t| revision::semantically_equal(&t, &spec.template))
-            },
-        );
-        // ST-15 with defaults: a newest revision missing only members the set's (defaulted)
-        // template has, e.g. one written before the API server defaulted a new field, is
-        // compared again once the API server has defaulted it.
-        if matches!(decision.update, Update::Create { .. })
-            && let Some(newest) = revision::newest(&existing)
-            && self.equal_once_defaulted(set, &revs, newest.name).await?
-        {
-            decision = revision::choose(
-                &existing,
-                &candidate,
-                count,
-                status.current_revision.as_deref(),
-                |_| true,
-            );
-        }
+        let decision = self
+            .decide(set, &revs, &revision::patch_data(&spec.template))
+            .await?;
+        let mut count = set.status().collision_count.unwrap_or(0);
         let update = match decision.update {
             Update::Newest { name } | Update::SemanticMatch { name } => name,
             Update::Rollback { name, revision } => {
-                let obj = revs
-                    .objects
-                    .iter()
-                    .find(|r| r.metadata.name.as_deref() == Some(name.as_str()))
-                    .expect("chosen among these");
-                let after = act::set_revision_number(&self.writer, obj, revision)
-                    .await
-                    .map_err(api(format!("rolling back to revision {name}")))?;
-                self.wrote(
-                    key,
-                    "controllerrevisions",
-                    after.metadata.resource_version.as_deref(),
-                );
-                name
+                self.roll_back(key, &revs, name, revision).await?
             }
             Update::Create {
                 revision,
                 collision_count,
             } => {
-                let source = SetSource {
-                    name: set.name(),
-                    namespace: set.namespace(),
-                    uid: set.uid(),
-                    annotations: set.metadata.annotations.as_ref(),
-                    template: &spec.template,
-                };
-                let mut new = revision::new_revision(&source, revision, collision_count);
-                count = collision_count;
-                let mut attempts = 0;
-                loop {
-                    attempts += 1;
-                    let body = revision::request_body(&new.object, &new.data);
-                    match self
-                        .writer
-                        .create_raw::<ControllerRevision>(set.namespace(), body)
-                        .await
-                    {
-                        Ok(created) => {
-                            self.wrote(
-                                key,
-                                "controllerrevisions",
-                                created.metadata.resource_version.as_deref(),
-                            );
-                            break created.metadata.name.unwrap_or_default();
-                        }
-                        Err(e) if shared::api::apierr::is_already_exists(&e) => {
-                            let name = new.object.metadata.name.clone().unwrap_or_default();
-                            let found = self
-                                .writer
-                                .get::<ControllerRevision>(set.namespace(), &name)
-                                .await
-                                .map_err(api(format!("reading revision {name}")))?;
-                            match revision::on_already_exists(
-                                &revision::go_json(&found.data.0),
-                                &new.data,
-                                count,
-                            ) {
-                                OnAlreadyExists::Reuse => break name,
-                                OnAlreadyExists::Collision { next_count } => {
-                                    count = next_count;
-                                    if attempts >= revision::MAX_CREATE_ATTEMPTS {
-                                        // The count is persisted so the next sync goes on from it.
-                                        self.write_collision_count(key, set, count).await?;
-                                        return Err(Error::Revision(format!(
-                                            "{attempts} ControllerRevision name collisions for {}",
-                                            object_key(set)
-                                        )));
-                                    }
-                                    revision::renamed_for_collision(&mut new, set.name(), count);
-                                }
-                            }
-                        }
-                        Err(e) => return Err(api("creating a ControllerRevision")(e)),
-                    }
-                }
+                let (name, used) = self
+                    .create_revision(key, set, revision, collision_count)
+                    .await?;
+                count = used;
+                name
             }
         };
         let current = match decision.current {
@@ -505,6 +412,148 @@ impl StatefulSets {
             update_template,
             collision_count: count,
         })
+    }
+
+    /// The set's revisions from the cache, with their data in Go's encoding (ST-12), the bytes
+    /// revisions are compared by.
+    fn cached_revisions(&self, set: &StatefulSet) -> Revisions {
+        let objects = self.revisions_of(set);
+        let data = objects
+            .iter()
+            .map(|r| revision::go_json(&r.data.0))
+            .collect();
+        Revisions { objects, data }
+    }
+
+    /// ST-14's decision for the set's `candidate` data: byte-equal revisions first, then the
+    /// newest one semantically equal (ST-15), asking the API server for defaults only when they
+    /// alone could explain the difference.
+    async fn decide(
+        &self,
+        set: &StatefulSet,
+        revs: &Revisions,
+        candidate: &[u8],
+    ) -> Result<Decision, Error> {
+        let existing = revs.existing();
+        let spec = set.spec();
+        let status = set.status();
+        let count = status.collision_count.unwrap_or(0);
+        let decision = revision::choose(
+            &existing,
+            candidate,
+            count,
+            status.current_revision.as_deref(),
+            |newest| {
+                revs.template(newest.name)
+                    .is_some_and(|t| revision::semantically_equal(&t, &spec.template))
+            },
+        );
+        // ST-15 with defaults: a newest revision missing only members the set's (defaulted)
+        // template has, e.g. one written before the API server defaulted a new field, is
+        // compared again once the API server has defaulted it.
+        if matches!(decision.update, Update::Create { .. })
+            && let Some(newest) = revision::newest(&existing)
+            && self.equal_once_defaulted(set, revs, newest.name).await?
+        {
+            return Ok(revision::choose(
+                &existing,
+                candidate,
+                count,
+                status.current_revision.as_deref(),
+                |_| true,
+            ));
+        }
+        Ok(decision)
+    }
+
+    /// ST-14 (b): the older revision equal to the template gets the next `revision` number,
+    /// nothing else. Its name, the update revision.
+    async fn roll_back(
+        &self,
+        key: &str,
+        revs: &Revisions,
+        name: String,
+        revision: i64,
+    ) -> Result<String, Error> {
+        let obj = revs
+            .objects
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(name.as_str()))
+            .expect("chosen among these");
+        let after = act::set_revision_number(&self.writer, obj, revision)
+            .await
+            .map_err(api(format!("rolling back to revision {name}")))?;
+        self.wrote(
+            key,
+            "controllerrevisions",
+            after.metadata.resource_version.as_deref(),
+        );
+        Ok(name)
+    }
+
+    /// ST-14 (d) (upstream `CreateControllerRevision`): the new revision, renamed with the next
+    /// collision count while its name is taken by a different revision; one with the same data
+    /// under that name is reused. The update revision's name and the collision count it took.
+    async fn create_revision(
+        &self,
+        key: &str,
+        set: &StatefulSet,
+        revision: i64,
+        collision_count: i32,
+    ) -> Result<(String, i32), Error> {
+        let spec = set.spec();
+        let source = SetSource {
+            name: set.name(),
+            namespace: set.namespace(),
+            uid: set.uid(),
+            annotations: set.metadata.annotations.as_ref(),
+            template: &spec.template,
+        };
+        let mut new = revision::new_revision(&source, revision, collision_count);
+        let mut count = collision_count;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let body = revision::request_body(&new.object, &new.data);
+            match self
+                .writer
+                .create_raw::<ControllerRevision>(set.namespace(), body)
+                .await
+            {
+                Ok(created) => {
+                    self.wrote(
+                        key,
+                        "controllerrevisions",
+                        created.metadata.resource_version.as_deref(),
+                    );
+                    return Ok((created.metadata.name.unwrap_or_default(), count));
+                }
+                Err(e) if shared::api::apierr::is_already_exists(&e) => {}
+                Err(e) => return Err(api("creating a ControllerRevision")(e)),
+            }
+            // The name is taken: by this very revision (a retry), or by another one.
+            let name = new.object.metadata.name.clone().unwrap_or_default();
+            let found = self
+                .writer
+                .get::<ControllerRevision>(set.namespace(), &name)
+                .await
+                .map_err(api(format!("reading revision {name}")))?;
+            match revision::on_already_exists(&revision::go_json(&found.data.0), &new.data, count) {
+                OnAlreadyExists::Reuse => return Ok((name, count)),
+                OnAlreadyExists::Collision { next_count } => {
+                    count = next_count;
+                    if attempts >= revision::MAX_CREATE_ATTEMPTS {
+                        // The count is persisted so the next sync goes on from it.
+                        self.write_collision_count(key, set, count).await?;
+                        return Err(Error::Revision(format!(
+                            "{attempts} ControllerRevision name collisions for {}",
+                            object_key(set)
+                        )));
+                    }
+                    revision::renamed_for_collision(&mut new, set.name(), count);
+                }
+            }
+        }
     }
 
     async fn write_collision_count(
@@ -642,259 +691,6 @@ pub(crate) fn owners<'a>(
     }
 }
 
-/// The text upstream's `createPersistentVolumeClaims` error carries into the pod event.
-fn claims_error_message(e: &Error) -> String {
-    match e {
-        Error::Api(f) => match f.what.strip_prefix("creating claim ") {
-            Some(claim) => format!(
-                "failed to create PVC {claim}: {}",
-                shared::api::apierr::message(&f.source)
-            ),
-            None => shared::api::apierr::message(&f.source),
-        },
-        other => other.to_string(),
-    }
-}
-
-/// Upstream's event verbs, title-cased as 1.37 prints them (`cases.Title`).
-fn title(verb: &str) -> String {
-    let mut c = verb.chars();
-    c.next()
-        .map(|f| f.to_uppercase().collect::<String>() + c.as_str())
-        .unwrap_or_default()
-}
-
-impl StatefulSets {
-    /// ST-43: `SuccessfulCreate` / `FailedCreate` (and update, delete) for a pod of the set.
-    pub(crate) fn pod_event(&self, set: &StatefulSet, verb: &str, pod: &str, err: Option<&str>) {
-        let subject = shared::meta::refs::object_reference(set);
-        match err {
-            None => self.events.normal(
-                &subject,
-                &format!("Successful{}", title(verb)),
-                &title(verb),
-                format!(
-                    "{} Pod {pod} in StatefulSet {} successful",
-                    title(verb),
-                    set.name()
-                ),
-            ),
-            Some(e) => self.events.warning(
-                &subject,
-                &format!("Failed{}", title(verb)),
-                &title(verb),
-                format!(
-                    "{} Pod {pod} in StatefulSet {} failed error: {e}",
-                    title(verb),
-                    set.name()
-                ),
-            ),
-        }
-    }
-
-    /// ST-43 for claims (created per ST-32).
-    fn claim_event(&self, set: &StatefulSet, claim: &str, pod: &str, err: Option<&kube::Error>) {
-        let subject = shared::meta::refs::object_reference(set);
-        match err {
-            None => self.events.normal(
-                &subject,
-                "SuccessfulCreate",
-                "Create",
-                format!(
-                    "Create Claim {claim} Pod {pod} in StatefulSet {} success",
-                    set.name()
-                ),
-            ),
-            Some(e) => self.events.warning(
-                &subject,
-                "FailedCreate",
-                "Create",
-                format!(
-                    "Create Claim {claim} for Pod {pod} in StatefulSet {} failed error: {}",
-                    set.name(),
-                    shared::api::apierr::message(e)
-                ),
-            ),
-        }
-    }
-
-    /// ST-32 (upstream `createPersistentVolumeClaims`): the missing claims of `ordinal`; an
-    /// existing claim being deleted is an error (the pod must wait for it).
-    pub(crate) async fn create_claims(
-        &self,
-        key: &str,
-        set: &StatefulSet,
-        ordinal: i32,
-    ) -> Result<(), Error> {
-        let pod = identity::pod_name(set.name(), ordinal);
-        let mut first: Option<Error> = None;
-        for (name, body) in identity::new_claims(set, ordinal) {
-            match self.c.claims.get(&format!("{}/{name}", set.namespace())) {
-                Some(c) if c.metadata.deletion_timestamp.is_some() => {
-                    first.get_or_insert(Error::Claim(format!("pvc {name} is being deleted")));
-                }
-                Some(_) => {}
-                None => match act::create_claim(&self.writer, set.namespace(), body).await {
-                    Ok(created) => {
-                        self.wrote(
-                            key,
-                            "persistentvolumeclaims",
-                            created.metadata.resource_version.as_deref(),
-                        );
-                        self.claim_event(set, &name, &pod, None);
-                    }
-                    // Created meanwhile (by us, not yet cached, or by someone else): fine, but
-                    // the sync fails as upstream's does, to retry on a fresher cache.
-                    Err(e) if shared::api::apierr::is_already_exists(&e) => {
-                        first.get_or_insert(api(format!("creating claim {name}"))(e));
-                    }
-                    Err(e) => {
-                        self.claim_event(set, &name, &pod, Some(&e));
-                        first.get_or_insert(api(format!("creating claim {name}"))(e));
-                    }
-                },
-            }
-        }
-        first.map_or(Ok(()), Err)
-    }
-
-    /// ST-34/ST-35 (upstream `UpdatePodClaimForRetentionPolicy`): each cached claim of the
-    /// pod's ordinal gets the owner references its policy asks for. Whether any claim changed.
-    pub(crate) async fn fix_claim_refs(
-        &self,
-        key: &str,
-        set: &StatefulSet,
-        pod_name: &str,
-        pod_uid: &str,
-    ) -> Result<bool, Error> {
-        let mut changed = false;
-        let ordinal = identity::ordinal(pod_name);
-        for t in set.claim_template_names() {
-            let name = identity::claim_name(t, set.name(), ordinal);
-            let Some(claim) = self.c.claims.get(&format!("{}/{name}", set.namespace())) else {
-                continue;
-            };
-            let o = owners(set, pod_name, pod_uid, ordinal);
-            if identity::has_unexpected_controller(&claim, &o) {
-                self.events.warning(
-                    &shared::meta::refs::object_reference(set),
-                    "ConflictingController",
-                    "Update",
-                    format!("PersistentVolumeClaim {name} has a conflicting OwnerReference that acts as a manging controller, the retention policy is ignored for this claim"),
-                );
-            }
-            if identity::claim_refs_up_to_date(&claim, &o) {
-                continue;
-            }
-            let updated = act::set_claim_refs(&self.writer, set.namespace(), &name, |live| {
-                identity::claim_refs(live, &owners(set, pod_name, pod_uid, ordinal))
-            })
-            .await
-            .map_err(api(format!(
-                "updating the owner references of claim {name}"
-            )))?;
-            self.wrote(
-                key,
-                "persistentvolumeclaims",
-                updated.metadata.resource_version.as_deref(),
-            );
-            changed = true;
-        }
-        Ok(changed)
-    }
-
-    /// ST-19 (b), ST-43 (upstream `CreateStatefulPod`): claims, then the pod, then the claims'
-    /// references to it.
-    pub(crate) async fn create_pod(
-        &self,
-        key: &str,
-        set: &StatefulSet,
-        ordinal: i32,
-        template: &Value,
-        revision: &str,
-    ) -> Result<(), Error> {
-        let name = identity::pod_name(set.name(), ordinal);
-        if let Err(e) = self.create_claims(key, set, ordinal).await {
-            self.pod_event(set, "create", &name, Some(&claims_error_message(&e)));
-            return Err(e);
-        }
-        let body = identity::new_pod(set, template, ordinal, revision);
-        match act::create_pod(&self.writer, set.namespace(), body).await {
-            Ok(created) => {
-                self.wrote(key, "pods", created.metadata.resource_version.as_deref());
-                let uid = created.metadata.uid.clone().unwrap_or_default();
-                if let Err(e) = self.fix_claim_refs(key, set, &name, &uid).await.map(|_| ()) {
-                    if let Error::Api(f) = &e {
-                        self.pod_event(
-                            set,
-                            "update",
-                            &name,
-                            Some(&shared::api::apierr::message(&f.source)),
-                        );
-                    }
-                    return Err(e);
-                }
-                self.pod_event(set, "create", &name, None);
-                Ok(())
-            }
-            // ST-43: an error without an event.
-            Err(e) if shared::api::apierr::is_already_exists(&e) => {
-                Err(api(format!("creating pod {name}"))(e))
-            }
-            Err(e) => {
-                self.pod_event(
-                    set,
-                    "create",
-                    &name,
-                    Some(&shared::api::apierr::message(&e)),
-                );
-                Err(api(format!("creating pod {name}"))(e))
-            }
-        }
-    }
-
-    /// ST-23 (upstream `DeleteStatefulPod`): a plain delete; gone already is success.
-    pub(crate) async fn delete_pod(
-        &self,
-        key: &str,
-        set: &StatefulSet,
-        name: &str,
-    ) -> Result<(), Error> {
-        match act::delete_pod(&self.writer, set.namespace(), name).await {
-            // Read-your-writes for deletes too: a cache still showing the pod as running would
-            // count it as available (ST-25).
-            Ok(rv) => self.wrote(key, "pods", rv.as_deref()),
-            Err(e) if shared::api::apierr::is_not_found(&e) => {}
-            Err(e) => {
-                self.pod_event(set, "delete", name, Some(&shared::api::apierr::message(&e)));
-                return Err(api(format!("deleting pod {name}"))(e));
-            }
-        }
-        self.pod_event(set, "delete", name, None);
-        Ok(())
-    }
-
-    /// ST-10 (upstream `UpdateStatefulPod`): identity and claim volumes repaired.
-    pub(crate) async fn repair_pod(
-        &self,
-        key: &str,
-        set: &StatefulSet,
-        name: &str,
-    ) -> Result<(), Error> {
-        match act::repair_pod(&self.writer, set, name).await {
-            Ok(p) => {
-                self.wrote(key, "pods", p.metadata.resource_version.as_deref());
-                self.pod_event(set, "update", name, None);
-                Ok(())
-            }
-            Err(e) => {
-                self.pod_event(set, "update", name, Some(&shared::api::apierr::message(&e)));
-                Err(api(format!("updating pod {name}"))(e))
-            }
-        }
-    }
-}
-
 /// What the sync reads of one cached pod for the plan.
 pub(crate) struct Observed {
     pub ready: bool,
@@ -985,12 +781,7 @@ impl StatefulSets {
         pods: &[Arc<Pod>],
         revs: &Revs,
     ) -> Result<(), Error> {
-        let objects = self.revisions_of(set);
-        let data: Vec<Vec<u8>> = objects
-            .iter()
-            .map(|r| revision::go_json(&r.data.0))
-            .collect();
-        let all = Revisions { objects, data };
+        let all = self.cached_revisions(set);
         let existing = all.existing();
         let doomed = revision::history_to_delete(
             &existing,
@@ -1221,6 +1012,7 @@ impl StatefulSets {
         Ok(())
     }
 
+    /// One action of the plan, through pod control.
     async fn perform(
         &self,
         key: &str,
@@ -1238,55 +1030,10 @@ impl StatefulSets {
                     .await
             }
             Action::CreateMissingClaims { ordinal } => {
-                self.create_claims(key, set, *ordinal).await?;
-                let name = identity::pod_name(set.name(), *ordinal);
-                let uid = self
-                    .c
-                    .pods
-                    .get(&format!("{}/{name}", set.namespace()))
-                    .and_then(|p| p.metadata.uid.clone())
-                    .unwrap_or_default();
-                self.fix_claim_refs(key, set, &name, &uid).await.map(|_| ())
+                self.create_missing_claims(key, set, *ordinal).await
             }
-            // Upstream `UpdateStatefulPod`: the claims' references, then the pod's identity, and
-            // one "update" event about the pod when anything was changed or failed.
-            Action::Repair { name } => {
-                let pod = self.c.pods.get(&format!("{}/{name}", set.namespace()));
-                let identity_ok = pod.as_ref().is_some_and(|p| {
-                    identity::identity_matches(set, p) && identity::storage_matches(set, p)
-                });
-                let uid = pod.and_then(|p| p.metadata.uid.clone()).unwrap_or_default();
-                let claims_changed = match self.fix_claim_refs(key, set, name, &uid).await {
-                    Ok(changed) => changed,
-                    Err(e) => {
-                        if let Error::Api(f) = &e {
-                            self.pod_event(
-                                set,
-                                "update",
-                                name,
-                                Some(&shared::api::apierr::message(&f.source)),
-                            );
-                        }
-                        return Err(e);
-                    }
-                };
-                if !identity_ok {
-                    self.repair_pod(key, set, name).await?;
-                } else if claims_changed {
-                    self.pod_event(set, "update", name, None);
-                }
-                Ok(())
-            }
-            // Upstream `processCondemned`: no event.
-            Action::FixClaimRefs { name } => {
-                let uid = self
-                    .c
-                    .pods
-                    .get(&format!("{}/{name}", set.namespace()))
-                    .and_then(|p| p.metadata.uid.clone())
-                    .unwrap_or_default();
-                self.fix_claim_refs(key, set, name, &uid).await.map(|_| ())
-            }
+            Action::Repair { name } => self.update_pod(key, set, name).await,
+            Action::FixClaimRefs { name } => self.fix_pod_claim_refs(key, set, name).await,
             Action::DeletePod { name, .. } => self.delete_pod(key, set, name).await,
         }
     }
