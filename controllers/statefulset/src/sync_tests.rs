@@ -31,14 +31,19 @@ fn set(replicas: i32, policy: &str) -> StatefulSet {
     .unwrap()
 }
 
-fn start(kit: &Kit, sets: Vec<StatefulSet>, pods: Vec<Pod>) -> Running {
-    let ctl = init(
+/// The controller under test, built by its real `init` on the kit.
+fn controller(kit: &Kit) -> Box<dyn shared::runtime::controller::Controller> {
+    init(
         StatefulSetOptions {
             concurrent_statefulset_syncs: 5,
         },
         kit.setup(DECLARATION.name, DECLARATION.event_source),
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn start(kit: &Kit, sets: Vec<StatefulSet>, pods: Vec<Pod>) -> Running {
+    let ctl = controller(kit);
     kit.seed(sets);
     kit.seed(pods);
     kit.seed(Vec::<ControllerRevision>::new());
@@ -244,13 +249,7 @@ fn with_pull_policy(s: StatefulSet) -> StatefulSet {
 }
 
 fn start_with_revision(kit: &Kit) -> Running {
-    let ctl = init(
-        StatefulSetOptions {
-            concurrent_statefulset_syncs: 5,
-        },
-        kit.setup(DECLARATION.name, DECLARATION.event_source),
-    )
-    .unwrap();
+    let ctl = controller(kit);
     kit.seed(vec![with_pull_policy(set(1, "Parallel"))]);
     kit.seed(Vec::<Pod>::new());
     kit.seed(vec![revision_without_a_default()]);
@@ -343,13 +342,7 @@ async fn st15_a_failing_dry_run_is_retried_not_taken_for_a_change() {
 #[tokio::test(start_paused = true)]
 async fn st15_a_changed_template_costs_no_request() {
     let kit = Kit::new();
-    let ctl = init(
-        StatefulSetOptions {
-            concurrent_statefulset_syncs: 5,
-        },
-        kit.setup(DECLARATION.name, DECLARATION.event_source),
-    )
-    .unwrap();
+    let ctl = controller(&kit);
     let mut v = serde_json::to_value(with_pull_policy(set(1, "Parallel"))).unwrap();
     v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
     kit.seed(vec![serde_json::from_value::<StatefulSet>(v).unwrap()]);
@@ -761,13 +754,7 @@ async fn a_set_at_the_apis_extremes_creates_only_valid_ordinals() {
 #[tokio::test(start_paused = true)]
 async fn st31_a_recreate_set_is_not_rolled_and_new_pods_get_the_update_revision() {
     let kit = Kit::new();
-    let ctl = init(
-        StatefulSetOptions {
-            concurrent_statefulset_syncs: 5,
-        },
-        kit.setup(DECLARATION.name, DECLARATION.event_source),
-    )
-    .unwrap();
+    let ctl = controller(&kit);
     let mut v = serde_json::to_value(with_pull_policy(set(2, "Parallel"))).unwrap();
     v["spec"]["updateStrategy"] = json!({"type": "Recreate"});
     v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
