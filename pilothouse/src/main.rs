@@ -6,6 +6,7 @@ use shared::process::manager::{self, Exit};
 use shared::runtime::controller::Registration;
 use std::process::ExitCode;
 
+mod cli;
 mod crds;
 mod flags_doc;
 
@@ -39,10 +40,10 @@ struct Cli {
 #[derive(clap::Subcommand, Debug)]
 enum Command {
     /// Checks a CronJob schedule and prints its next run times, on the controller's own code.
-    Schedule(cronjob::cli::ScheduleArgs),
+    Schedule(cli::schedule::ScheduleArgs),
     /// Starts, follows and ends node maintenances (NodeMaintenance objects): cordon and drain a
     /// node with progress and named blockers.
-    Maintenance(node_maintenance::cli::MaintenanceArgs),
+    Maintenance(cli::maintenance::MaintenanceArgs),
     /// Prints the CustomResourceDefinitions this binary serves (generated from its types), or
     /// writes one file per CRD with --output-dir (how crds/ is made).
     Crd(crds::CrdArgs),
@@ -85,14 +86,14 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     match &cli.command {
-        Some(Command::Schedule(args)) => return cronjob::cli::run(&cli.cronjob, args),
+        Some(Command::Schedule(args)) => return cli::schedule::run(&cli.cronjob, args),
         Some(Command::Crd(args)) => return crds::run(args),
         Some(Command::Flags) => {
             print!("{}", flags_doc::render(&Cli::command()));
             return ExitCode::SUCCESS;
         }
         Some(Command::Maintenance(args)) => {
-            return node_maintenance::cli::run(args, &cli.manager.kubeconfig);
+            return cli::maintenance::run(args, &cli.manager);
         }
         None => {}
     }

@@ -3,8 +3,7 @@
 //!
 //! Wiring only: one queue (`cronjob`, keyed `namespace/name`) fed by CronJob changes and by the
 //! changes of the Jobs they control. [`sync`] is one CronJob's sync, [`plan`] its pure
-//! decisions, [`status`] the status they lead to, [`act`] its API requests. [`cli`] is the
-//! `pilothouse schedule` subcommand, on the same [`schedule`] parser and [`zone`] evaluators.
+//! decisions, [`status`] the status they lead to, [`act`] its API requests.
 
 // Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
 // workspace lints). Tests may use plain operators on the instants they build.
@@ -14,7 +13,6 @@
 )]
 
 pub mod act;
-pub mod cli;
 pub mod metrics;
 pub mod plan;
 pub mod schedule;

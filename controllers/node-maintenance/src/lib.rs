@@ -10,7 +10,6 @@
 
 pub mod act;
 pub mod classify;
-pub mod cli;
 pub mod evict;
 pub mod handlers;
 pub mod metrics;

@@ -1,9 +1,10 @@
 //! `pilothouse schedule`: an operator's check of a schedule before applying it, on exactly the
 //! controller's parser and evaluator.
 
-use crate::schedule::DstPolicy;
-use crate::{CronJobOptions, Zones, parse_for};
-use jiff::Timestamp;
+use cronjob::schedule::DstPolicy;
+use cronjob::{CronJobOptions, Zones, parse_for};
+// The jiff cronjob's schedules compute in: cronjob depends on the one k8s-openapi re-exports.
+use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
