@@ -80,6 +80,14 @@ pub struct StaleSkipLabels {
     pub resource: String,
 }
 
+/// The labels of upstream's per-controller stale-skip counters
+/// (`job_controller_stale_sync_skips`, `statefulset_controller_stale_sync_skips`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupResourceLabels {
+    pub group: String,
+    pub resource: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NameLabel {
     pub name: String,

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use shared::api::apierr::{is_not_found, message};
 use shared::api::writer::Writer;
 use shared::cache::informers::{Change, INDEX_CONTROLLER_UID, Informer};
-use shared::cache::own_writes::OwnWrites;
+use shared::cache::written::Written;
 use shared::meta::clock::Clock;
 use shared::meta::gocompat::strconv_quote;
 use shared::meta::keys::{object_key, split_key};
@@ -61,10 +61,10 @@ pub struct CronJobs {
     zones: Zones,
     /// Per-CronJob memory by CronJob UID.
     memory: Mutex<HashMap<String, Memory>>,
-    /// Read-your-own-writes: while the cache still holds the version our last status write
+    /// By CronJob UID: while the cache still holds the version our last status write
     /// replaced, a sync starts from the object that write returned instead of sending a write
     /// bound to conflict.
-    own: OwnWrites<CronJob>,
+    written: Written,
 }
 
 fn uid(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
@@ -101,7 +101,7 @@ impl CronJobs {
             policy,
             zones,
             memory: Mutex::new(HashMap::new()),
-            own: OwnWrites::new(),
+            written: Written::new(),
         }
     }
 
@@ -160,7 +160,7 @@ impl CronJobs {
             if let Change::Deleted(cj) = change {
                 let id = uid(&cj.metadata);
                 self.memory().remove(&id);
-                self.own.forget(&id);
+                self.written.forget(&id);
             }
             self.queue.add(object_key(change.object().as_ref()));
             return;
@@ -211,7 +211,7 @@ impl CronJobs {
         let Some(cached) = self.cronjobs.get(key) else {
             return Ok(Next::Done);
         };
-        let cached = self.own.freshest(cached);
+        let cached = self.written.freshest(cached);
         let cj_uid = uid(&cached.metadata);
         let (ns, _) = split_key(key);
         let owned = self.owned_jobs(ns, &cj_uid);
@@ -545,7 +545,7 @@ impl CronJobs {
         let written = act::write_status(&self.writer, cj)
             .await
             .map_err(api(format!("updating status of cronjob {ns}/{name}")))?;
-        self.own.record(cj, written);
+        self.written.replaced(&uid(&cj.metadata), cj, written);
         Ok(())
     }
 }

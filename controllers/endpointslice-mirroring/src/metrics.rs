@@ -36,8 +36,6 @@ pub struct Metrics {
     pub num_slices: Gauge,
     pub desired_slices: Gauge,
     pub changes: Family<Operation, shared::metrics::UnsuffixedCounter>,
-    /// The process's registry (the runtime's shared `pilothouse_stale_cache_skips`).
-    runtime: std::sync::Arc<shared::metrics::Metrics>,
     efficiency: Mutex<Efficiency>,
 }
 
@@ -61,7 +59,6 @@ impl Metrics {
             num_slices: Gauge::default(),
             desired_slices: Gauge::default(),
             changes: Family::default(),
-            runtime: std::sync::Arc::clone(registry),
             efficiency: Mutex::new(Efficiency {
                 max: max_per_subset.max(1),
                 ..Efficiency::default()
@@ -122,8 +119,8 @@ impl Metrics {
             "Number of EndpointSlice changes",
             m.changes.clone(),
         );
-        // Stale-cache skips are not registered here: the runtime owns that process-wide family
-        // (registered once) and `stale_skip` counts into it.
+        // Stale-cache skips are counted by the runtime (`Next::Stale`), in its process-wide
+        // family.
         m
     }
 
@@ -133,11 +130,6 @@ impl Metrics {
                 operation: operation.to_string(),
             })
             .inc();
-    }
-
-    /// MR-7: one sync skipped on a stale slice cache.
-    pub fn stale_skip(&self) {
-        self.runtime.stale_skip(crate::NAME, "endpointslices");
     }
 
     /// [Cache.UpdateEndpointPortCache].

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use shared::api::writer::Writer;
 use shared::cache::informers::Informer;
+use shared::cache::written::Behind;
 use shared::meta::keys::split_key;
 use shared::meta::refs::object_reference;
 use shared::runtime::events::EventRecorder;
@@ -80,11 +81,9 @@ impl Mirroring {
             return self.stop_mirroring(key, "Service has a selector").await;
         }
         let slices = self.mirrored_slices(key);
+        // MR-7: the runtime counts the skip and looks again.
         if self.tracker.stale(key, &slices) {
-            self.metrics.stale_skip();
-            return Err(Error::Stale(format!(
-                "EndpointSlice informer cache is out of date for Endpoints {key}"
-            )));
+            return Ok(Next::Stale(Behind::of::<EndpointSlice>()));
         }
         let subsets = endpoints.subsets.as_deref().unwrap_or_default();
         let want = desired::desired(subsets, self.max_per_subset);

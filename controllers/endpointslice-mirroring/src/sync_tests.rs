@@ -452,10 +452,12 @@ async fn mr7_stale_cache_no_write() {
         json!({}),
         json!({}),
     ));
-    // The stale skip fails the sync (kind `stale_cache`), so it is retried with backoff.
+    // The sync answers `Next::Stale`: the runtime counts it and looks again, without backoff.
     assert!(
         eventually(WAIT, || kit.metrics.encode().contains(
-            "pilothouse_reconcile_total{controller=\"endpointslice-mirroring-controller\",queue=\"endpoint_slice_mirroring\",result=\"stale_cache\"}"
+            "pilothouse_stale_cache_skips_total{controller=\"endpointslice-mirroring-controller\",resource=\"endpointslices\"}"
+        ) && kit.metrics.encode().contains(
+            "pilothouse_reconcile_total{controller=\"endpointslice-mirroring-controller\",queue=\"endpoint_slice_mirroring\",result=\"stale\"}"
         ))
         .await,
         "{}",

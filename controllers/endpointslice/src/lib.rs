@@ -73,10 +73,6 @@ pub struct EndpointSliceOptions {
 pub enum Error {
     #[error(transparent)]
     Api(#[from] shared::api::apierr::Failed),
-    /// ES-15 (MR-7 for mirroring): the slice cache has not caught up with this controller's
-    /// writes.
-    #[error("{0}")]
-    Stale(String),
     /// Writes or pods that failed, in Go's aggregate form (the sync is retried). The mirroring
     /// controller shares this enum.
     #[error("{0}")]
@@ -87,7 +83,6 @@ impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Api(e) => e.kind(),
-            Error::Stale(_) => ErrorKind::StaleCache,
             Error::Sync(_) => ErrorKind::Other,
         }
     }

@@ -60,8 +60,6 @@ pub struct Metrics {
     pub syncs: Family<SyncResult, shared::metrics::UnsuffixedCounter>,
     pub by_distribution: Family<Distribution, Gauge>,
     pub retained: Family<ServiceLabels, Gauge>,
-    /// The process's registry (for the runtime's shared families).
-    pub runtime: std::sync::Arc<shared::metrics::Metrics>,
     efficiency: Mutex<Efficiency>,
 }
 
@@ -113,7 +111,6 @@ impl Metrics {
             syncs: Family::default(),
             by_distribution: Family::default(),
             retained: Family::default(),
-            runtime: std::sync::Arc::clone(registry),
             efficiency: Mutex::new(Efficiency {
                 max: max_per_slice,
                 ..Efficiency::default()

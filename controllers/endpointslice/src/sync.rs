@@ -15,6 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use shared::api::writer::Writer;
 use shared::cache::informers::{INDEX_NAMESPACE, Informer};
 use shared::cache::pod::Pod;
+use shared::cache::written::Behind;
 use shared::meta::keys::split_key;
 use shared::meta::refs::object_reference;
 use shared::runtime::events::EventRecorder;
@@ -84,8 +85,8 @@ impl EndpointSlices {
         let result = self.sync_service(key).await;
         // [trackSync]
         self.metrics.sync(match &result {
+            Ok(Next::Stale(_)) => "stale",
             Ok(_) => "success",
-            Err(Error::Stale(_)) => "stale",
             Err(_) => "error",
         });
         result
@@ -113,7 +114,10 @@ impl EndpointSlices {
         self.set_retained(key, 0);
         let (namespace, _) = split_key(key);
         let pods = self.selected_pods(namespace, selector);
-        let slices = self.current_slices(key)?;
+        let slices = match self.current_slices(key) {
+            Ok(slices) => slices,
+            Err(stale) => return Ok(stale),
+        };
         let trigger = self.trigger_time(key, &svc, &pods);
         let mut errors = Vec::new();
         let mut events = Vec::new();
@@ -169,29 +173,19 @@ impl EndpointSlices {
             .collect()
     }
 
-    /// ES-2 and ES-15: the Service's slices, unless the cache has not caught up with our
-    /// writes.
-    fn current_slices(&self, key: &str) -> Result<Vec<Arc<EndpointSlice>>, Error> {
+    /// ES-2 and ES-15: the Service's slices, or `Next::Stale` when the cache has not caught up
+    /// with our writes (a lagging slice cache stops the sync before it writes anything).
+    fn current_slices(&self, key: &str) -> Result<Vec<Arc<EndpointSlice>>, Next> {
         // Held before the cache is read: a slice event landing between the read and a later
-        // hold would find nothing to release, and the Service would wait out its backoff.
+        // hold would find nothing to release, and the Service would wait for the runtime's
+        // recheck.
         self.tracker.hold(key);
         let slices = self.managed_slices(key);
-        self.refuse_stale(key, &slices)?;
+        if self.tracker.stale(key, &slices) {
+            return Err(Next::Stale(Behind::of::<EndpointSlice>()));
+        }
         self.tracker.release(key);
         Ok(slices)
-    }
-
-    /// ES-15: a lagging slice cache stops the sync before it writes anything.
-    fn refuse_stale(&self, key: &str, slices: &[Arc<EndpointSlice>]) -> Result<(), Error> {
-        if self.tracker.stale(key, slices) {
-            self.metrics
-                .runtime
-                .stale_skip(crate::NAME, "endpointslices");
-            return Err(Error::Stale(format!(
-                "EndpointSlice informer cache is out of date for Service {key}"
-            )));
-        }
-        Ok(())
     }
 
     /// ES-17: the trigger time this sync stamps on its writes, from the Service's creation and
@@ -464,7 +458,9 @@ impl EndpointSlices {
             }
             return Ok(Next::Done);
         }
-        self.refuse_stale(key, &slices)?;
+        if self.tracker.stale(key, &slices) {
+            return Ok(Next::Stale(Behind::of::<EndpointSlice>()));
+        }
         self.set_retained(key, 0);
         let (namespace, _) = split_key(key);
         Act {

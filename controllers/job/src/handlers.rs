@@ -144,7 +144,7 @@ impl Jobs {
                 let ns = p.metadata.namespace.as_deref().unwrap_or_default();
                 if let Some(r) = pod_controller(p) {
                     if let Some(job) = self.resolve(ns, r) {
-                        self.expectations.creation_observed(&uid_of(&job));
+                        self.written.creation_observed(&uid_of(&job));
                         self.enqueue_batched(&job);
                     }
                     return;
@@ -221,7 +221,7 @@ impl Jobs {
         };
         let uid = uid_of(&job);
         if first_sighting {
-            self.expectations.deletion_observed(&uid);
+            self.written.deletion_observed(&uid);
         }
         if gone || !has_finalizer {
             self.finalizer_removal_observed(&uid, pods::uid(pod));

@@ -71,8 +71,6 @@ pub enum Error {
     Api(#[from] shared::api::apierr::Failed),
     #[error("status write for {key} refused locally, it would be invalid: {violations}")]
     InvalidStatus { key: String, violations: String },
-    #[error("the cache has not yet observed this controller's last write to {0}")]
-    StaleCache(String),
     #[error("claiming pods: {0}")]
     Claim(String),
 }
@@ -81,7 +79,6 @@ impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Api(e) => e.kind(),
-            Error::StaleCache(_) => ErrorKind::StaleCache,
             Error::InvalidStatus { .. } | Error::Claim(_) => ErrorKind::Other,
         }
     }
@@ -126,6 +123,8 @@ pub fn init(opts: JobOptions, setup: Setup) -> Result<Box<dyn Controller>, InitE
         Arc::clone(&queue),
         Arc::clone(&orphans),
     ));
+    // JR-8: upstream's counter, fed by the runtime next to pilothouse_stale_cache_skips.
+    wiring.count_stale_skips_in(ctl.metrics.stale_skips.clone());
     // JR-31, JR-46: these metrics count on every replica, leading or not, as upstream's handlers.
     let c = Arc::downgrade(&ctl);
     wiring.on_change_every_replica(&ctl.jobs, move |change| {

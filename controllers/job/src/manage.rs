@@ -64,7 +64,7 @@ impl Jobs {
             }
             PodAction::Remove(list) => {
                 *action_label = "pods_deleted";
-                self.expectations.expect_deletions(&uid, list.len() as i64);
+                self.written.expect(&uid, 0, list.len() as i64);
                 let ns = ns.as_str();
                 let results = join_all(list.iter().map(|p| async move {
                     act::remove_tracking_finalizer(&self.writer, p).await?;
@@ -83,7 +83,7 @@ impl Jobs {
                         }
                         Err(e) => {
                             // The informer will not observe this deletion.
-                            self.expectations.deletion_observed(&uid);
+                            self.written.deletion_observed(&uid);
                             self.delete_failed_event(job, &e);
                             err.get_or_insert(api(format!("deleting pod {ns}/{}", pods::name(p)))(
                                 e,
@@ -109,7 +109,7 @@ impl Jobs {
     ) -> (Outcome, Option<Error>) {
         let uid = uid_of(job);
         let mut out = Outcome::default();
-        self.expectations.expect_creations(&uid, list.len() as i64);
+        self.written.expect(&uid, list.len() as i64, 0);
         let (mut ok, mut failed) = (0u64, 0u64);
         let mut first_err = None;
         let mut start = 0;
@@ -140,7 +140,7 @@ impl Jobs {
                         failed += 1;
                         batch_failed = true;
                         out.not_created += 1;
-                        self.expectations.creation_observed(&uid);
+                        self.written.creation_observed(&uid);
                         self.events.warning(
                             &job_ref(job),
                             "FailedCreate",
@@ -158,7 +158,7 @@ impl Jobs {
             if batch_failed && start < list.len() {
                 let skipped = (list.len() - start) as i64;
                 out.not_created += skipped as i32;
-                self.expectations.lower(&uid, skipped, 0);
+                self.written.lower(&uid, skipped, 0);
                 break;
             }
             batch *= 2;

@@ -32,7 +32,6 @@ labels!(ActionLabel { action });
 labels!(EventLabel { event });
 labels!(CreationLabels { reason, status });
 labels!(ControllerNameLabel { controller_name });
-labels!(GroupResourceLabels { group, resource });
 labels!(ReasonLabel { reason });
 
 /// Upstream's label is camelCase (`backoffLimit`); the derive takes the field's name as is.
@@ -57,7 +56,8 @@ pub struct Metrics {
     pub finished_indexes: Family<IndexesLabels, Counter>,
     pub pods_creation: Family<CreationLabels, Counter>,
     pub external: Family<ControllerNameLabel, Counter>,
-    pub stale_skips: Family<GroupResourceLabels, Counter>,
+    /// JR-8: fed by the runtime from each `Next::Stale` (`Wiring::count_stale_skips_in`).
+    pub stale_skips: Family<shared::metrics::GroupResourceLabels, Counter>,
     pub finalizer_removal_failures: Family<ReasonLabel, Counter>,
     pub status_writes_refused: Counter,
 }

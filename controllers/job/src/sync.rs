@@ -3,7 +3,7 @@
 //! (`tracking`); and one sync of an orphan-queue key (JR-61). Also what the controller remembers
 //! of each Job, by UID, so a same-name successor starts clean (JB-3).
 
-use crate::metrics::{GroupResourceLabels, Metrics, SyncLabels};
+use crate::metrics::{Metrics, SyncLabels};
 use crate::plan::{self, Observed, PodAction};
 use crate::tracking::FlushError;
 use crate::{Error, MANAGED_BY, OrphanKey, act, api, handlers, pods, policy};
@@ -11,10 +11,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use shared::api::writer::Writer;
-use shared::cache::expectations::Expectations;
 use shared::cache::informers::{INDEX_CONTROLLER_UID, Informer};
-use shared::cache::own_writes::OwnWrites;
 use shared::cache::pod::Pod;
+use shared::cache::written::Written;
 use shared::meta::clock::Clock;
 use shared::meta::keys::object_key;
 use shared::runtime::controller::Setup;
@@ -61,11 +60,10 @@ pub struct Jobs {
     pub(crate) events: EventRecorder,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) metrics: Metrics,
-    /// JR-21: pod create/delete expectations, by Job UID (JB-3).
-    pub(crate) expectations: Expectations,
+    /// By Job UID (JB-3): JR-8's status writes the Job cache must show before a sync acts, and
+    /// JR-21's pod create/delete expectations.
+    pub(crate) written: Written,
     memory: Mutex<HashMap<String, Memory>>,
-    /// JR-8: the versions our status writes replaced; a sync from one of them is deferred.
-    pub(crate) own: OwnWrites<Job>,
 }
 
 /// The subject of the Job's events, as upstream's recorder builds it (`ref.GetReference`).
@@ -100,9 +98,8 @@ impl Jobs {
             events: setup.events,
             clock: setup.clock,
             metrics: Metrics::register(&setup.metrics),
-            expectations: Expectations::new(),
+            written: Written::new(),
             memory: Mutex::new(HashMap::new()),
-            own: OwnWrites::new(),
         }
     }
 
@@ -123,9 +120,8 @@ impl Jobs {
 
     /// JR-4: the Job is gone; nothing of it is kept.
     pub(crate) fn forget(&self, uid: &str) {
-        self.expectations.delete(uid);
+        self.written.forget(uid);
         self.memory().remove(uid);
-        self.own.forget(uid);
     }
 
     /// JR-22: the watch shows the finalizer of `pod_uid` gone (or the pod gone).
@@ -150,18 +146,11 @@ impl Jobs {
         }
         let uid = uid_of(&job);
         // JR-8: act only on a cache that holds our own last write.
-        if self.own.is_stale(&job) {
-            self.metrics
-                .stale_skips
-                .get_or_create(&GroupResourceLabels {
-                    group: "batch".into(),
-                    resource: "jobs".into(),
-                })
-                .inc();
-            return Err(Error::StaleCache(key.to_string()));
+        if let Some(behind) = self.written.behind(&uid) {
+            return Ok(Next::Stale(behind));
         }
         if plan::finished(&job) {
-            self.own.forget(&uid);
+            self.written.forget(&uid);
             self.remember(&uid, |m| {
                 m.backoff = policy::BackoffRecord::default();
                 m.finished = false;
@@ -215,7 +204,7 @@ impl Jobs {
     ) -> Result<Next, Error> {
         let uid = uid_of(job);
         // JR-20: expectations are read before pods are listed.
-        let satisfied = self.expectations.satisfied(&uid);
+        let satisfied = self.written.satisfied(&uid);
         let pods = self.claim_pods(job).await?;
         let (expected_rm_finalizers, backoff) =
             self.remember(&uid, |m| (m.rm_finalizers.clone(), m.backoff));

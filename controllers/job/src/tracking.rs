@@ -27,7 +27,11 @@ impl Jobs {
         let written = act::replace_status(&self.writer, current, status.clone())
             .await
             .map_err(api(format!("writing status of job {key}")))?;
-        self.own.record(current, written.clone());
+        self.written.wrote(
+            &uid_of(current),
+            &self.jobs,
+            written.metadata.resource_version.as_deref(),
+        );
         Ok(written)
     }
     fn record_pods_finished(&self, job: &Job, old: &JobStatus, new: &JobStatus) {

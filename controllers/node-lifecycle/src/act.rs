@@ -12,8 +12,8 @@ use serde_json::json;
 use shared::api::apierr::is_not_found;
 use shared::api::retry::on_conflict_with;
 use shared::api::writer::{PatchKind, Writer};
-use shared::cache::own_writes::OwnWrites;
 use shared::cache::pod::Pod;
+use shared::cache::written::Written;
 use shared::meta::clock::Clock;
 use shared::meta::keys::{object_key, split_key};
 use std::sync::Arc;
@@ -26,10 +26,15 @@ const STATUS_RETRY_STEP: Duration = Duration::from_millis(20);
 /// NL-11: taint retries from 100 ms, doubling.
 const TAINT_RETRY_FIRST: Duration = Duration::from_millis(100);
 
+/// The owner key of a node's own-writes record: its UID (a recreated node is another node).
+fn uid(node: &Node) -> &str {
+    node.metadata.uid.as_deref().unwrap_or_default()
+}
+
 pub struct Act {
     pub writer: Writer,
-    /// Our own writes to nodes that the cache may not show yet.
-    pub own: OwnWrites<Node>,
+    /// Our own writes to nodes that the cache may not show yet, by node UID.
+    pub own: Written,
     pub clock: Arc<dyn Clock>,
 }
 
@@ -37,7 +42,7 @@ impl Act {
     pub fn new(writer: Writer, clock: Arc<dyn Clock>) -> Act {
         Act {
             writer,
-            own: OwnWrites::new(),
+            own: Written::new(),
             clock,
         }
     }
@@ -68,7 +73,7 @@ impl Act {
                     .await
                 {
                     Ok(written) => {
-                        own.record(&current, written.clone());
+                        own.replaced(uid(&current), &current, written.clone());
                         Ok(Some(written))
                     }
                     Err(e) if is_not_found(&e) => Ok(None),
@@ -112,7 +117,7 @@ impl Act {
                     "spec": {"taints": taints}
                 });
                 let written = writer.patch::<Node>("", n, PatchKind::Merge, patch).await?;
-                own.record(&current, written.clone());
+                own.replaced(uid(&current), &current, written.clone());
                 Ok(written)
             },
         )

@@ -18,9 +18,9 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use shared::api::apierr::doing;
 use shared::api::writer::Writer;
 use shared::cache::informers::{INDEX_NAMESPACE, Informer};
-use shared::cache::own_writes::OwnWrites;
 use shared::cache::pod::INDEX_POD_NODE;
 use shared::cache::pod::Pod;
+use shared::cache::written::Written;
 use shared::meta::clock::Clock;
 use shared::runtime::events::{EventRecorder, core_ref};
 use shared::runtime::queue::Next;
@@ -84,8 +84,9 @@ pub struct NodeMaintenanceController {
     pub metrics: Metrics,
     pub tracker: Arc<Tracker>,
     pub node_conditions: bool,
-    own_objects: OwnWrites<NodeMaintenance>,
-    own_nodes: OwnWrites<Node>,
+    /// By object name: what our last writes to it and to its node returned, served while the
+    /// caches still hold the versions they replaced.
+    written: Written,
     memory: Mutex<HashMap<String, Memory>>,
 }
 
@@ -138,6 +139,11 @@ struct DrainResult {
     wake: Option<Timestamp>,
 }
 
+/// The owner key of an object's own-writes record: its name (the kind is cluster-scoped).
+fn owner(nm: &NodeMaintenance) -> &str {
+    nm.metadata.name.as_deref().unwrap_or_default()
+}
+
 impl NodeMaintenanceController {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -165,8 +171,7 @@ impl NodeMaintenanceController {
             metrics,
             tracker,
             node_conditions,
-            own_objects: OwnWrites::new(),
-            own_nodes: OwnWrites::new(),
+            written: Written::new(),
             memory: Mutex::new(HashMap::new()),
         }
     }
@@ -180,23 +185,24 @@ impl NodeMaintenanceController {
         self.objects
             .by_index(crate::handlers::INDEX_NM_NODE, node)
             .into_iter()
-            .map(|o| self.own_objects.freshest(o))
+            .map(|o| self.written.freshest(o))
             .collect()
     }
 
     fn node(&self, name: &str) -> Option<Arc<Node>> {
-        self.nodes.get(name).map(|n| self.own_nodes.freshest(n))
+        self.nodes.get(name).map(|n| self.written.freshest(n))
     }
 
     pub async fn sync(&self, name: &str) -> Result<Next, Error> {
         let Some(cached) = self.objects.get(name) else {
             self.memory().remove(name);
+            self.written.forget(name);
             self.metrics.blocked_pods.remove(&ObjectLabel {
                 nodemaintenance: name.to_string(),
             });
             return Ok(Next::Done);
         };
-        let nm = self.own_objects.freshest(cached);
+        let nm = self.written.freshest(cached);
         let uid = nm.metadata.uid.clone().unwrap_or_default();
         {
             let mut mem = self.memory();
@@ -301,7 +307,7 @@ impl NodeMaintenanceController {
                 if has_finalizer(&nm) {
                     self.remove_finalizer(&nm).await?;
                 }
-                let nm = self.own_objects.freshest(Arc::clone(&nm));
+                let nm = self.written.freshest(Arc::clone(&nm));
                 self.write_status(&nm, st, true).await?;
                 return Ok(Next::Done);
             }
@@ -377,7 +383,7 @@ impl NodeMaintenanceController {
         let after = act::patch_meta(&self.writer, nm, &finalizers, &owners)
             .await
             .map_err(doing::<Error>("adding the finalizer and owner reference"))?;
-        self.own_objects.record(nm, after.clone());
+        self.written.replaced(owner(nm), &**nm, after.clone());
         Ok(Arc::new(after))
     }
 
@@ -393,7 +399,7 @@ impl NodeMaintenanceController {
         let owners = nm.metadata.owner_references.clone().unwrap_or_default();
         match act::patch_meta(&self.writer, nm, &finalizers, &owners).await {
             Ok(after) => {
-                self.own_objects.record(nm, after);
+                self.written.replaced(owner(nm), nm, after);
                 Ok(())
             }
             Err(e) if shared::api::apierr::is_not_found(&e) => Ok(()),
@@ -529,7 +535,7 @@ impl NodeMaintenanceController {
         let after = act::patch_node(&self.writer, name, patch)
             .await
             .map_err(doing::<Error>(format!("cordoning node {name}")))?;
-        self.own_nodes.record(node, after.clone());
+        self.written.replaced(owner(nm), &**node, after.clone());
         if reverted {
             let msg = format!(
                 "Node {name} was uncordoned or untainted while under maintenance; cordoned again"
@@ -1487,7 +1493,7 @@ impl NodeMaintenanceController {
             let after = act::patch_node(&self.writer, name, patch)
                 .await
                 .map_err(doing::<Error>(format!("releasing node {name}")))?;
-            self.own_nodes.record(node, after.clone());
+            self.written.replaced(owner(nm), &**node, after.clone());
             current = Arc::new(after);
             if schedulable {
                 self.events.normal(
@@ -1611,7 +1617,7 @@ impl NodeMaintenanceController {
         }
         match act::patch_status(&self.writer, &name, patch).await {
             Ok(after) => {
-                self.own_objects.record(nm, after);
+                self.written.replaced(owner(nm), &**nm, after);
                 if let Some(m) = self.memory().get_mut(&name) {
                     m.last_status_write = Some(Instant::now());
                     m.last_error = None;

@@ -124,6 +124,8 @@ pub fn init(opts: StatefulSetOptions, setup: Setup) -> Result<Box<dyn Controller
         setup.clock,
         metrics::Metrics::register(&setup.metrics),
     ));
+    // ST-44: upstream's counter, fed by the runtime next to pilothouse_stale_cache_skips.
+    wiring.count_stale_skips_in(ctl.metrics.stale_skips.clone());
     // ST-2.
     wiring.map(&sets, &queue, handlers::set_keys);
     let (s, q) = (Arc::clone(&sets), Arc::clone(&queue));

@@ -5,18 +5,13 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use shared::metrics::GroupResourceLabels;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SetLabels {
     pub statefulset_namespace: String,
     pub statefulset_name: String,
     pub pod_management_policy: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct GroupResource {
-    pub group: String,
-    pub resource: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -28,10 +23,9 @@ pub struct ZeroGraceLabels {
 pub struct Metrics {
     pub max_unavailable: Family<SetLabels, Gauge>,
     pub unavailable: Family<SetLabels, Gauge>,
-    pub stale_skips: Family<GroupResource, Counter>,
+    /// Fed by the runtime from each `Next::Stale` (see `Wiring::count_stale_skips_in`).
+    pub stale_skips: Family<GroupResourceLabels, Counter>,
     pub zero_grace: Family<ZeroGraceLabels, Gauge>,
-    /// The process's registry (the runtime's shared `pilothouse_stale_cache_skips`).
-    pub runtime: std::sync::Arc<shared::metrics::Metrics>,
 }
 
 impl Metrics {
@@ -41,7 +35,6 @@ impl Metrics {
             unavailable: Family::default(),
             stale_skips: Family::default(),
             zero_grace: Family::default(),
-            runtime: std::sync::Arc::clone(registry),
         };
         registry.register(
             "statefulset_controller_statefulset_max_unavailable",

@@ -27,7 +27,11 @@ impl StatefulSets {
         let body = identity::new_pod(set, template, ordinal, revision);
         match act::create_pod(&self.writer, set.namespace(), body).await {
             Ok(created) => {
-                self.wrote(key, "pods", created.metadata.resource_version.as_deref());
+                self.written.wrote(
+                    key,
+                    &self.c.pods,
+                    created.metadata.resource_version.as_deref(),
+                );
                 let uid = created.metadata.uid.clone().unwrap_or_default();
                 if let Err(e) = self.fix_claim_refs(key, set, &name, &uid).await.map(|_| ()) {
                     if let Error::Api(f) = &e {
@@ -134,7 +138,7 @@ impl StatefulSets {
         match act::delete_pod(&self.writer, set.namespace(), name).await {
             // Read-your-writes for deletes too: a cache still showing the pod as running would
             // count it as available (ST-25).
-            Ok(rv) => self.wrote(key, "pods", rv.as_deref()),
+            Ok(rv) => self.written.wrote(key, &self.c.pods, rv.as_deref()),
             Err(e) if shared::api::apierr::is_not_found(&e) => {}
             Err(e) => {
                 self.pod_event(set, "delete", name, Some(&shared::api::apierr::message(&e)));
@@ -160,9 +164,9 @@ impl StatefulSets {
                 Some(_) => {}
                 None => match act::create_claim(&self.writer, set.namespace(), body).await {
                     Ok(created) => {
-                        self.wrote(
+                        self.written.wrote(
                             key,
-                            "persistentvolumeclaims",
+                            &self.c.claims,
                             created.metadata.resource_version.as_deref(),
                         );
                         self.claim_event(set, &name, &pod, None);
@@ -217,9 +221,9 @@ impl StatefulSets {
             .map_err(api(format!(
                 "updating the owner references of claim {name}"
             )))?;
-            self.wrote(
+            self.written.wrote(
                 key,
-                "persistentvolumeclaims",
+                &self.c.claims,
                 updated.metadata.resource_version.as_deref(),
             );
             changed = true;
@@ -231,7 +235,8 @@ impl StatefulSets {
     async fn repair_pod(&self, key: &str, set: &StatefulSet, name: &str) -> Result<(), Error> {
         match act::repair_pod(&self.writer, set, name).await {
             Ok(p) => {
-                self.wrote(key, "pods", p.metadata.resource_version.as_deref());
+                self.written
+                    .wrote(key, &self.c.pods, p.metadata.resource_version.as_deref());
                 self.pod_event(set, "update", name, None);
                 Ok(())
             }

@@ -4,7 +4,7 @@
 //! The writes to pods and claims are [`crate::pod_control`]'s.
 
 use crate::identity::{self, Owners};
-use crate::metrics::{GroupResource, Metrics, SetLabels, ZeroGraceLabels};
+use crate::metrics::{Metrics, SetLabels, ZeroGraceLabels};
 use crate::model::StatefulSet;
 use crate::plan::{self, Action, Management, PodView, SetView, Strategy, Which};
 use crate::revision::{self, Current, Decision, Existing, OnAlreadyExists, SetSource, Update};
@@ -13,9 +13,9 @@ use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use serde_json::Value;
 use shared::api::writer::Writer;
-use shared::cache::consistency::Consistency;
 use shared::cache::informers::{INDEX_CONTROLLER_UID, INDEX_ORPHAN_NAMESPACE, Informer};
 use shared::cache::pod::Pod;
+use shared::cache::written::Written;
 use shared::meta::clock::Clock;
 use shared::meta::keys::object_key;
 use shared::meta::refs::controller_of;
@@ -25,9 +25,6 @@ use shared::runtime::queue::{Next, Queue};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// ST-44: how soon a set whose caches lag its own writes is looked at again.
-const STALE_RETRY: Duration = Duration::from_millis(100);
 
 pub struct Caches {
     pub sets: Arc<Informer<StatefulSet>>,
@@ -43,7 +40,8 @@ pub struct StatefulSets {
     pub events: EventRecorder,
     pub clock: Arc<dyn Clock>,
     pub metrics: Metrics,
-    consistency: Consistency,
+    /// ST-44: this controller's writes, by set key, that its caches must show before it acts.
+    pub(crate) written: Written,
     /// SB-7, per set key: the (UID, generation) last warned about (SB-7).
     zero_grace_warned: Mutex<HashMap<String, (String, i64)>>,
     /// ST-15: (set UID, generation, revision resourceVersion) → equal once defaulted.
@@ -111,55 +109,19 @@ impl StatefulSets {
             events,
             clock,
             metrics,
-            consistency: Consistency::new(),
+            written: Written::new(),
             zero_grace_warned: Mutex::new(HashMap::new()),
             defaulted_matches: Mutex::new(HashMap::new()),
         }
     }
 
-    fn newest(&self, resource: &str) -> u64 {
-        match resource {
-            "pods" => self.c.pods.newest_resource_version(),
-            "persistentvolumeclaims" => self.c.claims.newest_resource_version(),
-            "controllerrevisions" => self.c.revisions.newest_resource_version(),
-            "statefulsets" => self.c.sets.newest_resource_version(),
-            _ => u64::MAX,
-        }
-    }
-
-    pub(crate) fn wrote(&self, key: &str, resource: &'static str, rv: Option<&str>) {
-        self.consistency.wrote(key, resource, rv);
-    }
-
     pub async fn sync(&self, key: &str) -> Result<Next, Error> {
         // ST-44: act only on caches that show this set's own writes (SB-8: revisions too).
-        if let Err(behind) = self.consistency.check(key, |r| self.newest(r)) {
-            let group =
-                if behind.resource == "controllerrevisions" || behind.resource == "statefulsets" {
-                    "apps"
-                } else {
-                    ""
-                };
-            self.metrics
-                .stale_skips
-                .get_or_create(&GroupResource {
-                    group: group.into(),
-                    resource: behind.resource.into(),
-                })
-                .inc();
-            self.metrics
-                .runtime
-                .stale_skip(crate::NAME, behind.resource);
-            tracing::debug!(
-                resource = behind.resource,
-                wrote = behind.wrote,
-                seen = behind.seen,
-                "caches behind this set's writes; waiting"
-            );
-            return Ok(Next::After(STALE_RETRY));
+        if let Some(behind) = self.written.behind(key) {
+            return Ok(Next::Stale(behind));
         }
         let Some(set) = self.c.sets.get(key) else {
-            self.consistency.forget(key);
+            self.written.forget(key);
             self.forget_set(key);
             return Ok(Next::Done);
         };
@@ -483,9 +445,9 @@ impl StatefulSets {
         let after = act::set_revision_number(&self.writer, obj, revision)
             .await
             .map_err(api(format!("rolling back to revision {name}")))?;
-        self.wrote(
+        self.written.wrote(
             key,
-            "controllerrevisions",
+            &self.c.revisions,
             after.metadata.resource_version.as_deref(),
         );
         Ok(name)
@@ -521,9 +483,9 @@ impl StatefulSets {
                 .await
             {
                 Ok(created) => {
-                    self.wrote(
+                    self.written.wrote(
                         key,
-                        "controllerrevisions",
+                        &self.c.revisions,
                         created.metadata.resource_version.as_deref(),
                     );
                     return Ok((created.metadata.name.unwrap_or_default(), count));
@@ -567,9 +529,9 @@ impl StatefulSets {
         let after = act::write_status(&self.writer, set, &status)
             .await
             .map_err(api("writing status.collisionCount"))?;
-        self.wrote(
+        self.written.wrote(
             key,
-            "statefulsets",
+            &self.c.sets,
             after.metadata.resource_version.as_deref(),
         );
         Ok(())
@@ -837,9 +799,9 @@ impl StatefulSets {
         let written = if status::needs_write(&set.status(), &status) {
             match act::write_status(&self.writer, set, &status).await {
                 Ok(after) => {
-                    self.wrote(
+                    self.written.wrote(
                         key,
-                        "statefulsets",
+                        &self.c.sets,
                         after.metadata.resource_version.as_deref(),
                     );
                     Ok(())

@@ -61,9 +61,6 @@ pub enum ErrorKind {
     Transport,
     /// Refused locally: this replica does not (surely) lead.
     NotLeading,
-    /// A cache has not caught up with this replica's own writes: the sync waits and retries
-    /// (an expected, transient state, not a failure of anything).
-    StaleCache,
     /// Anything that is not an API failure: decoding, a controller's own refusal.
     Other,
 }
@@ -83,7 +80,6 @@ impl ErrorKind {
             ErrorKind::ClientError => "client_error",
             ErrorKind::Transport => "transport",
             ErrorKind::NotLeading => "not_leading",
-            ErrorKind::StaleCache => "stale_cache",
             ErrorKind::Other => "other",
         }
     }

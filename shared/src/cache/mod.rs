@@ -1,13 +1,11 @@
 //! What the process knows of the cluster: one informer per resource type, the compact pod and
-//! the projections that keep only declared fields, and the records of our own writes that the
-//! caches must catch up with.
+//! the projections that keep only declared fields, and the record of our own writes that the
+//! caches must catch up with ([`written`]).
 
-pub mod consistency;
-pub mod expectations;
 pub mod informers;
-pub mod own_writes;
 pub mod pod;
 pub mod projection;
+pub mod written;
 
 use kube::Client;
 use std::sync::Arc;

@@ -13,12 +13,15 @@ use crate::api::ratelimit::BackoffConfig;
 use crate::api::writer::Writer;
 use crate::cache::informers::{Change, Informer, Informers, Watched};
 use crate::meta::clock::Clock;
-use crate::metrics::{ControllerLabel, Metrics, StaleSkipLabels, SyncLabels, SyncResultLabels};
+use crate::metrics::{
+    ControllerLabel, GroupResourceLabels, Metrics, StaleSkipLabels, SyncLabels, SyncResultLabels,
+};
 use crate::runtime::events::EventRecorder;
 use crate::runtime::gates::FeatureGates;
 use crate::runtime::queue::{Next, Queue, QueueKey};
 use futures::FutureExt;
 use futures::future::{BoxFuture, join_all};
+use prometheus_client::metrics::{counter::Counter, family::Family};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -185,7 +188,12 @@ pub struct Wiring {
     starters: Vec<Starter>,
     serves: Vec<Serve>,
     spawned: Spawner,
+    upstream_stale: UpstreamStale,
 }
+
+/// A controller's upstream-named stale-skip counter, if it has one (see
+/// [`Wiring::count_stale_skips_in`]).
+type UpstreamStale = Arc<std::sync::OnceLock<Family<GroupResourceLabels, Counter>>>;
 
 /// Fire-and-track work of a controller (e.g. one write per node, so that none waits behind
 /// another's retries): each task's panic is contained and counted as a handler's is, and the
@@ -249,7 +257,15 @@ impl Wiring {
             starters: Vec::new(),
             serves: Vec::new(),
             spawned,
+            upstream_stale: UpstreamStale::default(),
         }
+    }
+
+    /// Counts each `Next::Stale` of this controller's workers also in `family`, upstream's
+    /// per-controller counter (e.g. `job_controller_stale_sync_skips{group,resource}`), next to
+    /// `pilothouse_stale_cache_skips_total`. Set once; a second family is ignored.
+    pub fn count_stale_skips_in(&mut self, family: Family<GroupResourceLabels, Counter>) {
+        let _ = self.upstream_stale.set(family);
     }
 
     /// The gate, for a controller's own timers that must act only while leading.
@@ -376,6 +392,7 @@ impl Wiring {
         let queue = Arc::clone(queue);
         let name = self.name;
         let metrics = Arc::clone(&self.metrics);
+        let upstream_stale = Arc::clone(&self.upstream_stale);
         self.serves.push(Box::new(move |stop: CancellationToken| {
             async move {
                 let q = Arc::clone(&queue);
@@ -383,7 +400,7 @@ impl Wiring {
                     stop.cancelled().await;
                     q.shut_down();
                 });
-                serve(queue, workers, name, &metrics, sync).await;
+                serve(queue, workers, name, &metrics, upstream_stale, sync).await;
             }
             .boxed()
         }));
@@ -490,6 +507,7 @@ pub async fn serve<K, F, Fut, E>(
     workers: usize,
     controller: &'static str,
     metrics: &Metrics,
+    upstream_stale: UpstreamStale,
     sync: F,
 ) where
     K: QueueKey,
@@ -500,6 +518,7 @@ pub async fn serve<K, F, Fut, E>(
     let sync = Arc::new(sync);
     let reconcile = metrics.reconcile();
     let stale_skips = metrics.stale_skips();
+    let upstream_stale = upstream_stale.get().cloned();
     let labels = SyncLabels {
         controller: controller.to_string(),
         queue: queue.name().to_string(),
@@ -511,6 +530,7 @@ pub async fn serve<K, F, Fut, E>(
         let reconcile = Arc::clone(&reconcile);
         let labels = labels.clone();
         let stale_skips = stale_skips.clone();
+        let upstream_stale = upstream_stale.clone();
         set.spawn(async move {
             while let Some(key) = queue.get().await {
                 let span = tracing::info_span!("sync", controller, queue = queue.name(), key = ?key);
@@ -532,25 +552,35 @@ pub async fn serve<K, F, Fut, E>(
                         queue.add_after(key.clone(), d);
                         "requeue"
                     }
-                    Ok(Ok(Next::Stale { resource })) => {
-                        tracing::debug!(parent: &span, resource, "cache behind this replica's writes; looking again soon");
+                    Ok(Ok(Next::Stale(behind))) => {
+                        tracing::debug!(
+                            parent: &span,
+                            resource = behind.resource,
+                            wrote = behind.wrote,
+                            seen = behind.seen,
+                            "cache behind this replica's writes; looking again soon"
+                        );
                         stale_skips
                             .get_or_create(&StaleSkipLabels {
                                 controller: controller.to_string(),
-                                resource: resource.to_string(),
+                                resource: behind.resource.to_string(),
                             })
                             .inc();
+                        if let Some(family) = &upstream_stale {
+                            family
+                                .get_or_create(&GroupResourceLabels {
+                                    group: behind.group.to_string(),
+                                    resource: behind.resource.to_string(),
+                                })
+                                .inc();
+                        }
                         queue.add_after(key.clone(), crate::runtime::queue::STALE_RECHECK);
                         "stale"
                     }
                     Ok(Err(e)) => {
                         let _g = span.enter();
                         let retries = queue.num_requeues(&key);
-                        if e.kind() == crate::api::apierr::ErrorKind::StaleCache {
-                            tracing::debug!(retries, error = %e, "cache behind this replica's writes; retrying with backoff");
-                        } else {
-                            tracing::warn!(retries, error = %e, "sync failed; retrying with backoff");
-                        }
+                        tracing::warn!(retries, error = %e, "sync failed; retrying with backoff");
                         queue.add_rate_limited(key.clone());
                         e.kind().label()
                     }
@@ -589,6 +619,7 @@ pub async fn serve<K, F, Fut, E>(
 mod tests {
     use super::*;
     use crate::api::apierr::ErrorKind;
+    use crate::cache::written::Behind;
     use std::sync::atomic::AtomicUsize;
 
     #[derive(Debug)]
@@ -621,7 +652,12 @@ mod tests {
             let c = Arc::clone(&c);
             async move {
                 if c.fetch_add(1, Ordering::SeqCst) < 2 {
-                    return Ok::<Next, Boom>(Next::Stale { resource: "pods" });
+                    return Ok::<Next, Boom>(Next::Stale(Behind {
+                        group: "",
+                        resource: "pods",
+                        wrote: 2,
+                        seen: 1,
+                    }));
                 }
                 Ok(Next::Done)
             }
@@ -757,25 +793,32 @@ mod tests {
             Arc::clone(&overlapped),
         );
         let q2 = Arc::clone(&q);
-        let workers = serve(Arc::clone(&q), 4, "c", &metrics, move |_k: String| {
-            let (r, c, o, q2) = (
-                Arc::clone(&r),
-                Arc::clone(&c),
-                Arc::clone(&o),
-                Arc::clone(&q2),
-            );
-            async move {
-                if r.fetch_add(1, Ordering::SeqCst) != 0 {
-                    o.store(true, Ordering::SeqCst);
+        let workers = serve(
+            Arc::clone(&q),
+            4,
+            "c",
+            &metrics,
+            UpstreamStale::default(),
+            move |_k: String| {
+                let (r, c, o, q2) = (
+                    Arc::clone(&r),
+                    Arc::clone(&c),
+                    Arc::clone(&o),
+                    Arc::clone(&q2),
+                );
+                async move {
+                    if r.fetch_add(1, Ordering::SeqCst) != 0 {
+                        o.store(true, Ordering::SeqCst);
+                    }
+                    // Re-adding while processing must not start a concurrent sync.
+                    q2.add("k".into());
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    r.fetch_sub(1, Ordering::SeqCst);
+                    let n = c.fetch_add(1, Ordering::SeqCst);
+                    if n < 3 { Err(Boom) } else { Ok(Next::Done) }
                 }
-                // Re-adding while processing must not start a concurrent sync.
-                q2.add("k".into());
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                r.fetch_sub(1, Ordering::SeqCst);
-                let n = c.fetch_add(1, Ordering::SeqCst);
-                if n < 3 { Err(Boom) } else { Ok(Next::Done) }
-            }
-        });
+            },
+        );
         let (q3, c) = (Arc::clone(&q), Arc::clone(&calls));
         let driver = async move {
             q3.add("k".into());

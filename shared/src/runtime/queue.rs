@@ -294,6 +294,8 @@ impl<K: QueueKey> Queue<K> {
     }
 }
 
+use crate::cache::written::Behind;
+
 /// What a sync asks the queue to do with its key next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
@@ -301,12 +303,12 @@ pub enum Next {
     Done,
     /// Sync again after this long (success: the failure count is reset).
     After(Duration),
-    /// The sync did nothing: the cache of `resource` does not yet show this replica's own
-    /// writes for the key (ST-44, ES-15, MR-7). The runtime counts it in
-    /// `pilothouse_stale_cache_skips_total{controller,resource}` and runs the key again when the
-    /// confirming watch event queues it, or after [`STALE_RECHECK`] at the latest; no backoff,
-    /// as nothing failed.
-    Stale { resource: &'static str },
+    /// The sync did nothing: a cache does not yet show this replica's own writes for the key
+    /// (JR-8, ST-44, ES-15, MR-7; [`crate::cache::written`]). The runtime counts it in
+    /// `pilothouse_stale_cache_skips_total{controller,resource}` (and the controller's
+    /// upstream-named counter, if it has one) and runs the key again when the confirming watch
+    /// event queues it, or after [`STALE_RECHECK`] at the latest; no backoff, as nothing failed.
+    Stale(Behind),
 }
 
 /// The longest a sync that found its caches behind its own writes waits before it looks again
