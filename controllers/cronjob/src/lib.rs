@@ -6,10 +6,15 @@
 //! decisions, [`status`] the status they lead to, [`act`] its API requests.
 
 // Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
-// workspace lints). Tests may use plain operators on the instants they build.
+// workspace lints). Tests may use plain operators on the instants they build, and a table
+// test may be longer than a function should be.
 #![cfg_attr(
     test,
-    allow(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+    allow(
+        clippy::arithmetic_side_effects,
+        clippy::unchecked_time_subtraction,
+        clippy::too_many_lines
+    )
 )]
 
 pub mod act;
@@ -102,11 +107,12 @@ pub fn init(opts: CronJobOptions, setup: Setup) -> Result<Box<dyn Controller>, I
         QUEUE,
         BackoffConfig::exponential(Duration::from_millis(5), Duration::from_secs(1000)),
     );
-    let ctl = Arc::new(sync::CronJobs::new(
-        setup,
+    let ctl = Arc::new(sync::CronJobController::new(
+        Arc::clone(&cronjobs),
+        Arc::clone(&jobs),
         Arc::clone(&queue),
-        zones,
-        opts.cronjob_dst_policy,
+        (zones, opts.cronjob_dst_policy),
+        setup.ctx(metrics::Metrics::register(&setup.metrics)),
     ));
     // CR-3.
     let c = Arc::downgrade(&ctl);

@@ -19,7 +19,7 @@ use shared::cache::written::Written;
 use shared::meta::clock::Clock;
 use shared::meta::gocompat::strconv_quote;
 use shared::meta::keys::{object_key, split_key};
-use shared::runtime::controller::Setup;
+use shared::runtime::controller::Ctx;
 use shared::runtime::events::EventRecorder;
 use shared::runtime::queue::{Next, Queue};
 use std::collections::HashMap;
@@ -49,7 +49,7 @@ impl Memory {
     }
 }
 
-pub struct CronJobs {
+pub struct CronJobController {
     pub cronjobs: Arc<Informer<CronJob>>,
     pub jobs: Arc<Informer<Job>>,
     pub queue: Arc<Queue<String>>,
@@ -82,22 +82,30 @@ fn controller_of(
     shared::meta::refs::controller_of(&job.metadata)
 }
 
-impl CronJobs {
+impl CronJobController {
     /// Takes the caches `init` registered, the writer, events, clock and metrics from `setup`.
     pub fn new(
-        setup: Setup,
+        cronjobs: Arc<Informer<CronJob>>,
+        jobs: Arc<Informer<Job>>,
         queue: Arc<Queue<String>>,
-        zones: Zones,
-        policy: DstPolicy,
-    ) -> CronJobs {
-        CronJobs {
-            cronjobs: setup.informers.get::<CronJob>(),
-            jobs: setup.informers.get::<Job>(),
+        (zones, policy): (Zones, DstPolicy),
+        ctx: Ctx<Metrics>,
+    ) -> CronJobController {
+        let Ctx {
+            writer,
+            events,
+            clock,
+            metrics,
+            ..
+        } = ctx;
+        CronJobController {
+            cronjobs,
+            jobs,
             queue,
-            writer: setup.writer,
-            events: setup.events,
-            clock: setup.clock,
-            metrics: Metrics::register(&setup.metrics),
+            writer,
+            events,
+            clock,
+            metrics,
             policy,
             zones,
             memory: Mutex::new(HashMap::new()),
@@ -112,7 +120,7 @@ impl CronJobs {
     /// CR-3: the CronJob a Job's controller reference resolves to (kind, name and UID checked).
     fn owner_key(&self, job: &Job) -> Option<String> {
         let owner = controller_of(job)?;
-        if owner.kind != "CronJob" {
+        if !shared::meta::refs::names_kind::<CronJob>(owner) {
             return None;
         }
         let key = format!(

@@ -9,10 +9,15 @@
 //! endpointslice controller's.
 
 // Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
-// workspace lints). Tests may use plain operators on the instants they build.
+// workspace lints). Tests may use plain operators on the instants they build, and a table
+// test may be longer than a function should be.
 #![cfg_attr(
     test,
-    allow(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+    allow(
+        clippy::arithmetic_side_effects,
+        clippy::unchecked_time_subtraction,
+        clippy::too_many_lines
+    )
 )]
 
 pub mod act;
@@ -103,15 +108,13 @@ pub fn init(
     );
     let tracker = Arc::new(SliceTracker::default());
     let max = opts.mirroring_max_endpoints_per_subset as usize;
-    let ctl = Arc::new(sync::Mirroring::new(
+    let ctl = Arc::new(sync::EndpointSliceMirroringController::new(
         sync::Caches {
             endpoints: Arc::clone(&endpoints),
             services: Arc::clone(&services),
             slices: Arc::clone(&slices),
         },
-        setup.writer,
-        setup.events,
-        metrics::Metrics::register(&setup.metrics, max),
+        setup.ctx(metrics::Metrics::register(&setup.metrics, max)),
         max,
         Arc::clone(&tracker),
     ));

@@ -124,7 +124,7 @@ fn owned_by_predecessor(endpoints: &Endpoints, slice: &EndpointSlice) -> bool {
         .owner_references
         .iter()
         .flatten()
-        .any(|o| o.kind == "Endpoints" && o.name == name && o.uid != uid)
+        .any(|o| shared::meta::refs::names_kind::<Endpoints>(o) && o.name == name && o.uid != uid)
 }
 
 /// MR-6's "no write" test for the slice kept for a key: endpoints (ES-13), labels (minus

@@ -15,6 +15,7 @@ use shared::cache::informers::Informer;
 use shared::cache::written::Behind;
 use shared::meta::keys::split_key;
 use shared::meta::refs::object_reference;
+use shared::runtime::controller::Ctx;
 use shared::runtime::events::EventRecorder;
 use shared::runtime::queue::Next;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ pub struct Caches {
     pub slices: Arc<Informer<EndpointSlice>>,
 }
 
-pub struct Mirroring {
+pub struct EndpointSliceMirroringController {
     caches: Caches,
     writer: Writer,
     events: EventRecorder,
@@ -34,16 +35,20 @@ pub struct Mirroring {
     tracker: Arc<SliceTracker>,
 }
 
-impl Mirroring {
+impl EndpointSliceMirroringController {
     pub fn new(
         caches: Caches,
-        writer: Writer,
-        events: EventRecorder,
-        metrics: Metrics,
+        ctx: Ctx<Metrics>,
         max_per_subset: usize,
         tracker: Arc<SliceTracker>,
     ) -> Self {
-        Mirroring {
+        let Ctx {
+            writer,
+            events,
+            metrics,
+            ..
+        } = ctx;
+        EndpointSliceMirroringController {
             caches,
             writer,
             events,

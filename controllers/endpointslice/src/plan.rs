@@ -332,7 +332,7 @@ pub fn owned_by(slice: &EndpointSlice, svc: &Service) -> bool {
         .owner_references
         .iter()
         .flatten()
-        .any(|o| o.uid == uid && o.kind == "Service" && o.api_version == "v1")
+        .any(|o| o.uid == uid && shared::meta::refs::refers_to_version::<Service>(o))
 }
 
 /// ES-14 step 8 [placeholderSliceCompare]: upstream's comparison looks at the namespace and

@@ -18,6 +18,7 @@ use shared::cache::pod::Pod;
 use shared::cache::written::Behind;
 use shared::meta::keys::split_key;
 use shared::meta::refs::object_reference;
+use shared::runtime::controller::Ctx;
 use shared::runtime::events::EventRecorder;
 use shared::runtime::queue::Next;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -45,7 +46,7 @@ pub struct Config {
     pub delete_on_selector_removal: bool,
 }
 
-pub struct EndpointSlices {
+pub struct EndpointSliceController {
     caches: Caches,
     writer: Writer,
     events: EventRecorder,
@@ -58,17 +59,21 @@ pub struct EndpointSlices {
     retained: Mutex<HashMap<String, usize>>,
 }
 
-impl EndpointSlices {
+impl EndpointSliceController {
     pub fn new(
         caches: Caches,
-        writer: Writer,
-        events: EventRecorder,
-        metrics: Metrics,
+        ctx: Ctx<Metrics>,
         config: Config,
         tracker: Arc<SliceTracker>,
         topology: Arc<TopologyCache>,
     ) -> Self {
-        EndpointSlices {
+        let Ctx {
+            writer,
+            events,
+            metrics,
+            ..
+        } = ctx;
+        EndpointSliceController {
             caches,
             writer,
             events,

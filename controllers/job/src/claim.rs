@@ -1,7 +1,7 @@
 //! JR-63: claiming pods by `spec.selector` with the Job's tracking finalizer, as upstream
 //! `ControllerRefManager.ClaimPods` (the decisions are `shared::runtime::claim`'s).
 
-use crate::sync::Jobs;
+use crate::sync::JobController;
 use crate::{Error, act, api, pods};
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
@@ -11,7 +11,7 @@ use shared::meta::keys::object_key;
 use shared::runtime::claim;
 use std::sync::Arc;
 
-impl Jobs {
+impl JobController {
     /// The Job's pods, adopting matching orphans and releasing owned pods that stopped matching.
     /// Adopted pods carry the finalizer in the returned copies. As upstream, every write is
     /// tried and the first failure then fails the sync (retried with backoff).

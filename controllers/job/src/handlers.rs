@@ -3,7 +3,7 @@
 //! while leading; [`Jobs::count_job`] and [`Jobs::count_pod`] count on every replica.
 
 use crate::metrics::{ControllerNameLabel, EventLabel};
-use crate::sync::{Jobs, external_manager, pod_controller, uid_of};
+use crate::sync::{JobController, external_manager, pod_controller, uid_of};
 use crate::{OrphanKey, plan, pods};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -41,10 +41,10 @@ pub fn deadline_left(job: &Job, now: k8s_openapi::jiff::Timestamp) -> Option<Dur
     Some(Duration::try_from(left).unwrap_or(Duration::ZERO))
 }
 
-impl Jobs {
+impl JobController {
     /// The cached Job a controller reference points to, if it exists with that UID.
     pub(crate) fn resolve(&self, namespace: &str, r: &OwnerReference) -> Option<Arc<Job>> {
-        if r.kind != "Job" {
+        if !shared::meta::refs::names_kind::<Job>(r) {
             return None;
         }
         self.jobs

@@ -4,7 +4,7 @@
 
 use crate::metrics::CreationLabels;
 use crate::plan::{self, Evaluation, Outcome, PodAction};
-use crate::sync::{Jobs, job_ref, uid_of};
+use crate::sync::{JobController, job_ref, uid_of};
 use crate::{Error, act, api, pods};
 use futures::future::join_all;
 use k8s_openapi::api::batch::v1::Job;
@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use shared::cache::pod::Pod;
 use shared::meta::keys::object_key;
 
-impl Jobs {
+impl JobController {
     /// Performs the pod action; returns what happened and the first error.
     pub(crate) async fn perform(
         &self,

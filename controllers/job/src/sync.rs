@@ -16,7 +16,8 @@ use shared::cache::pod::Pod;
 use shared::cache::written::Written;
 use shared::meta::clock::Clock;
 use shared::meta::keys::object_key;
-use shared::runtime::controller::Setup;
+use shared::meta::refs::refers_to_version;
+use shared::runtime::controller::Ctx;
 use shared::runtime::events::EventRecorder;
 use shared::runtime::queue::{Next, Queue};
 use std::collections::{HashMap, HashSet};
@@ -51,7 +52,7 @@ impl Memory {
     }
 }
 
-pub struct Jobs {
+pub struct JobController {
     pub jobs: Arc<Informer<Job>>,
     pub pods: Arc<Informer<Pod>>,
     pub queue: Arc<Queue<String>>,
@@ -86,18 +87,30 @@ pub(crate) fn pod_controller(pod: &Pod) -> Option<&OwnerReference> {
     shared::meta::refs::controller_of(&pod.metadata)
 }
 
-impl Jobs {
-    /// Takes the caches `init` registered, the writer, events, clock and metrics from `setup`.
-    pub fn new(setup: Setup, queue: Arc<Queue<String>>, orphans: Arc<Queue<OrphanKey>>) -> Jobs {
-        Jobs {
-            jobs: setup.informers.get::<Job>(),
-            pods: setup.informers.get::<Pod>(),
+impl JobController {
+    pub fn new(
+        jobs: Arc<Informer<Job>>,
+        pods: Arc<Informer<Pod>>,
+        queue: Arc<Queue<String>>,
+        orphans: Arc<Queue<OrphanKey>>,
+        ctx: Ctx<Metrics>,
+    ) -> JobController {
+        let Ctx {
+            writer,
+            events,
+            clock,
+            metrics,
+            ..
+        } = ctx;
+        JobController {
+            jobs,
+            pods,
             queue,
             orphans,
-            writer: setup.writer,
-            events: setup.events,
-            clock: setup.clock,
-            metrics: Metrics::register(&setup.metrics),
+            writer,
+            events,
+            clock,
+            metrics,
             written: Written::new(),
             memory: Mutex::new(HashMap::new()),
         }
@@ -268,7 +281,7 @@ impl Jobs {
             let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
             let stale = match pod_controller(&pod) {
                 None => true,
-                Some(r) if r.kind == "Job" && r.api_version == "batch/v1" => {
+                Some(r) if refers_to_version::<Job>(r) => {
                     self.resolve(ns, r).is_none_or(|j| plan::finished(&j))
                 }
                 Some(_) => false,
@@ -307,7 +320,7 @@ impl Jobs {
         let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
         let mut job = None;
         if let Some(r) = pod_controller(pod) {
-            if r.kind != "Job" || r.api_version != "batch/v1" {
+            if !refers_to_version::<Job>(r) {
                 return Ok(());
             }
             job = self.resolve(ns, r);

@@ -4,14 +4,14 @@
 
 use crate::metrics::{ActionLabel, FinishedLabels, IndexesLabels, PodsFinishedLabels, ReasonLabel};
 use crate::plan::{self, Evaluation, Observed};
-use crate::sync::{Jobs, job_ref, uid_of};
+use crate::sync::{JobController, job_ref, uid_of};
 use crate::{Error, act, api, indexes, pods, validation};
 use futures::future::join_all;
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
 use shared::cache::pod::Pod;
 use shared::meta::keys::object_key;
 
-impl Jobs {
+impl JobController {
     /// JB-2 then JR-54: checks the status and PUTs it over `current`.
     async fn write_status(&self, current: &Job, status: &JobStatus) -> Result<Job, Error> {
         let key = object_key(current);

@@ -11,10 +11,15 @@
 //! the pure decisions, [`act`] the writes.
 
 // Time arithmetic must not panic (PX-2; clippy::arithmetic_side_effects is denied in the
-// workspace lints). Tests may use plain operators on the instants they build.
+// workspace lints). Tests may use plain operators on the instants they build, and a table
+// test may be longer than a function should be.
 #![cfg_attr(
     test,
-    allow(clippy::arithmetic_side_effects, clippy::unchecked_time_subtraction)
+    allow(
+        clippy::arithmetic_side_effects,
+        clippy::unchecked_time_subtraction,
+        clippy::too_many_lines
+    )
 )]
 
 pub mod act;
@@ -125,16 +130,15 @@ pub fn init(opts: NodeLifecycleOptions, setup: Setup) -> Result<Box<dyn Controll
     let queue = wiring.queue(QUEUE, backoff());
     let pod_queue = wiring.queue(POD_QUEUE, backoff());
     let period = opts.node_monitor_period;
-    let ctl = Arc::new(sync::NodeLifecycle::new(
+    let ctl = Arc::new(sync::NodeLifecycleController::new(
         opts,
-        Arc::clone(&nodes),
-        Arc::clone(&leases),
-        Arc::clone(&pods),
-        Arc::clone(&queue),
-        Arc::clone(&pod_queue),
-        act::Act::new(setup.writer, setup.clock),
-        setup.events,
-        metrics::Metrics::register(&setup.metrics),
+        sync::Caches {
+            nodes: Arc::clone(&nodes),
+            leases: Arc::clone(&leases),
+            pods: Arc::clone(&pods),
+        },
+        (Arc::clone(&queue), Arc::clone(&pod_queue)),
+        setup.ctx(metrics::Metrics::register(&setup.metrics)),
     ));
     // NL-1: probes are taken as changes are observed.
     let c = Arc::downgrade(&ctl);
@@ -161,9 +165,9 @@ pub fn init(opts: NodeLifecycleOptions, setup: Setup) -> Result<Box<dyn Controll
         async {}
     });
     // NL-11: the tainter serves the zone queues every 100 ms.
-    let c = Arc::clone(&ctl);
+    let (c, spawner) = (Arc::clone(&ctl), wiring.spawner());
     wiring.every(zones::TAINT_PASS, move || {
-        c.taint_pass();
+        c.taint_pass(&spawner);
         async {}
     });
     let c = Arc::clone(&ctl);

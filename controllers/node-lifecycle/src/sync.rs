@@ -17,6 +17,7 @@ use shared::cache::informers::{Change, Informer};
 use shared::cache::pod::INDEX_POD_NODE;
 use shared::cache::pod::Pod;
 use shared::meta::keys::object_key;
+use shared::runtime::controller::Ctx;
 use shared::runtime::events::{EventRecorder, core_ref};
 use shared::runtime::queue::{Next, Queue};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -49,7 +50,7 @@ impl NodeMemory {
     }
 }
 
-pub struct NodeLifecycle {
+pub struct NodeLifecycleController {
     pub(crate) opts: NodeLifecycleOptions,
     pub nodes: Arc<Informer<Node>>,
     pub(crate) leases: Arc<Informer<Lease>>,
@@ -96,20 +97,35 @@ pub fn pod_keys(change: &Change<Pod>) -> Vec<String> {
     }
 }
 
-impl NodeLifecycle {
-    #[allow(clippy::too_many_arguments)]
+/// The caches the controller reads.
+pub struct Caches {
+    pub nodes: Arc<Informer<Node>>,
+    pub leases: Arc<Informer<Lease>>,
+    pub pods: Arc<Informer<Pod>>,
+}
+
+impl NodeLifecycleController {
+    /// `queues`: the node queue and the pod queue.
     pub fn new(
         opts: NodeLifecycleOptions,
-        nodes: Arc<Informer<Node>>,
-        leases: Arc<Informer<Lease>>,
-        pods: Arc<Informer<Pod>>,
-        queue: Arc<Queue<String>>,
-        pod_queue: Arc<Queue<String>>,
-        act: Act,
-        events: EventRecorder,
-        metrics: Metrics,
-    ) -> NodeLifecycle {
-        NodeLifecycle {
+        caches: Caches,
+        (queue, pod_queue): (Arc<Queue<String>>, Arc<Queue<String>>),
+        ctx: Ctx<Metrics>,
+    ) -> NodeLifecycleController {
+        let Caches {
+            nodes,
+            leases,
+            pods,
+        } = caches;
+        let Ctx {
+            writer,
+            events,
+            clock,
+            metrics,
+            ..
+        } = ctx;
+        let act = Act::new(writer, clock);
+        NodeLifecycleController {
             opts,
             nodes,
             leases,

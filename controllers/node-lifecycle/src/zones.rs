@@ -3,9 +3,10 @@
 
 use crate::metrics::ZoneLabel;
 use crate::plan::{self, Rates, TaintChange, ZoneLimiter, ZoneState};
-use crate::sync::{NodeLifecycle, lock};
+use crate::sync::{NodeLifecycleController, lock};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
+use shared::runtime::controller::Spawner;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -39,7 +40,7 @@ fn is_no_execute_ours(t: &k8s_openapi::api::core::v1::Taint) -> bool {
     t.effect == plan::NO_EXECUTE && (t.key == plan::NOT_READY || t.key == plan::UNREACHABLE)
 }
 
-impl NodeLifecycle {
+impl NodeLifecycleController {
     fn rates(&self) -> Rates {
         Rates {
             eviction: self.opts.node_eviction_rate,
@@ -181,7 +182,7 @@ impl NodeLifecycle {
     }
 
     /// NL-11: one pass over the zone queues (every 100 ms), one token per attempt.
-    pub fn taint_pass(self: &Arc<Self>) {
+    pub fn taint_pass(self: &Arc<Self>, spawner: &Spawner) {
         let now = Instant::now();
         let mut picks = Vec::new();
         {
@@ -216,10 +217,11 @@ impl NodeLifecycle {
         }
         // Each pick is a task of its own: with many zones tainting at once (a node per zone)
         // none queues behind the others' requests, and a node whose writes keep conflicting
-        // (retries with backoff) holds up neither the others nor the next pass.
+        // (retries with backoff) holds up neither the others nor the next pass. The runtime
+        // contains a panicking one and waits for them at stop.
         for (zone, name, queued_at) in picks {
             let this = Arc::clone(self);
-            tokio::spawn(async move { this.taint(zone, name, queued_at, now).await });
+            spawner.spawn(async move { this.taint(zone, name, queued_at, now).await });
         }
     }
 

@@ -26,7 +26,7 @@ fn resolve(
     ns: &str,
     r: &OwnerReference,
 ) -> Option<std::sync::Arc<StatefulSet>> {
-    if r.kind != "StatefulSet" {
+    if !shared::meta::refs::names_kind::<StatefulSet>(r) {
         return None;
     }
     sets.get(&format!("{ns}/{}", r.name))

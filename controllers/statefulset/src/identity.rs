@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Map, Value, json};
 use shared::cache::pod::Pod;
+use shared::meta::refs::refers_to_version;
 
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
@@ -225,11 +226,11 @@ pub struct Owners<'a> {
 }
 
 fn matches_set(r: &OwnerReference, o: &Owners) -> bool {
-    r.api_version == "apps/v1" && r.kind == "StatefulSet" && r.name == o.set.name()
+    refers_to_version::<StatefulSet>(r) && r.name == o.set.name()
 }
 
 fn matches_pod(r: &OwnerReference, o: &Owners) -> bool {
-    r.api_version == "v1" && r.kind == "Pod" && r.name == o.pod_name
+    refers_to_version::<Pod>(r) && r.name == o.pod_name
 }
 
 fn refs(claim: &PersistentVolumeClaim) -> &[OwnerReference] {

@@ -4,11 +4,11 @@
 //! writes it.
 
 use crate::model::StatefulSet;
-use crate::sync::{StatefulSets, owners};
+use crate::sync::{StatefulSetController, owners};
 use crate::{Error, act, api, identity};
 use serde_json::Value;
 
-impl StatefulSets {
+impl StatefulSetController {
     /// ST-19 (b), ST-43 (upstream `CreateStatefulPod`): claims, then the pod, then the claims'
     /// references to it.
     pub(crate) async fn create_pod(
@@ -150,7 +150,7 @@ impl StatefulSets {
     }
 }
 
-impl StatefulSets {
+impl StatefulSetController {
     /// ST-32 (upstream `createPersistentVolumeClaims`): the missing claims of `ordinal`; an
     /// existing claim being deleted is an error (the pod must wait for it).
     async fn create_claims(&self, key: &str, set: &StatefulSet, ordinal: i32) -> Result<(), Error> {
@@ -248,7 +248,7 @@ impl StatefulSets {
     }
 }
 
-impl StatefulSets {
+impl StatefulSetController {
     /// ST-43: `SuccessfulCreate` / `FailedCreate` (and update, delete) for a pod of the set.
     fn pod_event(&self, set: &StatefulSet, verb: &str, pod: &str, err: Option<&str>) {
         let subject = shared::meta::refs::object_reference(set);

@@ -20,6 +20,7 @@ use shared::meta::clock::Clock;
 use shared::meta::keys::object_key;
 use shared::meta::refs::controller_of;
 use shared::runtime::claim;
+use shared::runtime::controller::Ctx;
 use shared::runtime::events::EventRecorder;
 use shared::runtime::queue::{Next, Queue};
 use std::collections::HashMap;
@@ -33,7 +34,7 @@ pub struct Caches {
     pub revisions: Arc<Informer<ControllerRevision>>,
 }
 
-pub struct StatefulSets {
+pub struct StatefulSetController {
     pub c: Caches,
     pub queue: Arc<Queue<String>>,
     pub writer: Writer,
@@ -93,16 +94,16 @@ pub(crate) struct Revs {
     pub collision_count: i32,
 }
 
-impl StatefulSets {
-    pub fn new(
-        c: Caches,
-        queue: Arc<Queue<String>>,
-        writer: Writer,
-        events: EventRecorder,
-        clock: Arc<dyn Clock>,
-        metrics: Metrics,
-    ) -> StatefulSets {
-        StatefulSets {
+impl StatefulSetController {
+    pub fn new(c: Caches, queue: Arc<Queue<String>>, ctx: Ctx<Metrics>) -> StatefulSetController {
+        let Ctx {
+            writer,
+            events,
+            clock,
+            metrics,
+            ..
+        } = ctx;
+        StatefulSetController {
             c,
             queue,
             writer,
@@ -669,7 +670,7 @@ pub(crate) struct Observed {
     pub unready_since: Option<k8s_openapi::jiff::Timestamp>,
 }
 
-impl StatefulSets {
+impl StatefulSetController {
     pub(crate) fn observe_pod(&self, set: &StatefulSet, pod: &Pod) -> Observed {
         let ready_cond = pod
             .status
@@ -719,7 +720,7 @@ impl StatefulSets {
     }
 }
 
-impl StatefulSets {
+impl StatefulSetController {
     /// ST-36 for a slot without a pod: a claim of that ordinal still owned by an earlier pod.
     fn slot_claim_stale(&self, set: &StatefulSet, ordinal: i32) -> bool {
         let name = identity::pod_name(set.name(), ordinal);
@@ -764,7 +765,7 @@ impl StatefulSets {
     }
 }
 
-impl StatefulSets {
+impl StatefulSetController {
     /// Upstream `UpdateStatefulSet`: revisions, the plan and its writes, status, history.
     async fn update_set(
         &self,
@@ -824,7 +825,7 @@ impl StatefulSets {
     }
 }
 
-impl StatefulSets {
+impl StatefulSetController {
     fn set_view(&self, set: &StatefulSet, revs: &Revs) -> SetView {
         let spec = set.spec();
         let strategy = match spec.update_strategy.as_ref() {

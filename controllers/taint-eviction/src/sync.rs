@@ -10,6 +10,7 @@ use shared::cache::pod::INDEX_POD_NODE;
 use shared::cache::pod::Pod;
 use shared::meta::clock::Clock;
 use shared::meta::keys::{object_key, split_key};
+use shared::runtime::controller::Ctx;
 use shared::runtime::events::{EventRecorder, core_ref};
 use shared::runtime::gates::FeatureGates;
 use shared::runtime::queue::{Next, Queue};
@@ -30,7 +31,7 @@ struct PodTimer {
     last_warning: Option<Instant>,
 }
 
-pub struct TaintEviction {
+pub struct TaintEvictionController {
     pub pods: Arc<Informer<Pod>>,
     pub nodes: Arc<Informer<Node>>,
     pub queue: Arc<Queue<String>>,
@@ -57,19 +58,21 @@ pub fn tolerations(pod: &Pod) -> &[Toleration] {
         .unwrap_or_default()
 }
 
-impl TaintEviction {
-    #[allow(clippy::too_many_arguments)]
+impl TaintEvictionController {
     pub fn new(
         pods: Arc<Informer<Pod>>,
         nodes: Arc<Informer<Node>>,
         queue: Arc<Queue<String>>,
-        writer: shared::api::writer::Writer,
-        events: EventRecorder,
-        gates: FeatureGates,
-        clock: Arc<dyn Clock>,
-        metrics: Metrics,
-    ) -> TaintEviction {
-        TaintEviction {
+        ctx: Ctx<Metrics>,
+    ) -> TaintEvictionController {
+        let Ctx {
+            writer,
+            events,
+            clock,
+            gates,
+            metrics,
+        } = ctx;
+        TaintEvictionController {
             pods,
             nodes,
             queue,

@@ -49,6 +49,12 @@ pub fn is_controlled_by_kind<K: Resource<DynamicType = ()>>(
     controller_of(meta).is_some_and(|o| refers_to_kind::<K>(o) && o.uid == owner_uid)
 }
 
+/// Whether `r` names kind `K` by its kind alone: upstream's `resolveControllerRef`, which
+/// compares only `Kind` (the UID it checks next rules out look-alikes).
+pub fn names_kind<K: Resource<DynamicType = ()>>(r: &OwnerReference) -> bool {
+    r.kind == K::kind(&())
+}
+
 /// Whether `r` names kind `K` in `K`'s API group, whatever the version (a reference written as
 /// `batch/v1beta1` still names the same Jobs).
 pub fn refers_to_kind<K: Resource<DynamicType = ()>>(r: &OwnerReference) -> bool {

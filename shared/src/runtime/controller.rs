@@ -86,6 +86,29 @@ impl Setup {
     pub fn wiring(&self) -> Wiring {
         Wiring::new(self.name, Arc::clone(&self.metrics))
     }
+
+    /// What the controller's syncs use besides their caches and queues, with the controller's
+    /// own metrics (registered on `self.metrics` by the crate).
+    pub fn ctx<M>(&self, metrics: M) -> Ctx<M> {
+        Ctx {
+            writer: self.writer.clone(),
+            events: self.events.clone(),
+            clock: Arc::clone(&self.clock),
+            gates: self.gates,
+            metrics,
+        }
+    }
+}
+
+/// The one context every controller is built from (`Setup::ctx`): its writer, its events, its
+/// clock, the feature gates and its metrics. A controller's constructor takes its caches, its
+/// queues, its options and this, never these one by one.
+pub struct Ctx<M> {
+    pub writer: Writer,
+    pub events: EventRecorder,
+    pub clock: Arc<dyn Clock>,
+    pub gates: FeatureGates,
+    pub metrics: M,
 }
 
 pub type InitFn = Box<dyn FnOnce(Setup) -> Result<Box<dyn Controller>, InitError> + Send>;
