@@ -5,17 +5,22 @@
 //!
 //! Wiring only: one queue keyed by object name, fed by the objects themselves, their nodes, the
 //! nodes' pods, PodDisruptionBudgets (NM-16) and DaemonSets (NM-9). [`sync`] is one object's
-//! sync; [`plan`], [`classify`], [`evict`] and [`status`] its pure decisions; [`act`] its writes;
-//! [`tracker`] the eviction state shared per pod.
+//! sync (stage dispatch and the per-stage steps), [`drain`] its drain step (kubectl drain's
+//! eviction) and [`release`] its end (uncordon, finishing); [`plan`], [`classify`], [`evict`],
+//! [`conditions`] and [`status`] its pure decisions; [`act`] its writes; [`tracker`] the
+//! eviction state shared per pod.
 
 pub mod act;
 pub mod classify;
+pub mod conditions;
+pub mod drain;
 pub mod evict;
 pub mod handlers;
 pub mod metrics;
 pub mod plan;
 #[cfg(test)]
 mod plan_props;
+pub mod release;
 pub mod status;
 pub mod sync;
 #[cfg(test)]
