@@ -68,7 +68,9 @@ fn has_local_storage(pod: &Pod) -> bool {
 /// kubectl's `isControllerRefDaemonSet`: kind and apiVersion exactly `apps/v1` DaemonSet.
 fn daemon_set_controller(pod: &Pod) -> Option<&str> {
     shared::meta::refs::controller_of(&pod.metadata)
-        .filter(|r| r.kind == "DaemonSet" && r.api_version == "apps/v1")
+        .filter(|r| {
+            shared::meta::refs::refers_to_version::<k8s_openapi::api::apps::v1::DaemonSet>(r)
+        })
         .map(|r| r.name.as_str())
 }
 

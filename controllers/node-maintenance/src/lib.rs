@@ -10,6 +10,10 @@
 //! [`conditions`] and [`status`] its pure decisions; [`act`] its writes; [`tracker`] the
 //! eviction state shared per pod.
 
+// A table test may be longer than a function should be (clippy::too_many_lines is denied in the
+// workspace lints).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod act;
 pub mod classify;
 pub mod conditions;
@@ -118,17 +122,16 @@ pub fn init(setup: Setup, opts: Options) -> Result<Box<dyn Controller>, InitErro
     );
     let tracker = Arc::new(tracker::Tracker::default());
     let ctl = Arc::new(sync::NodeMaintenanceController::new(
-        Arc::clone(&objects),
-        Arc::clone(&nodes),
-        Arc::clone(&pods),
-        Arc::clone(&pdbs),
-        Arc::clone(&daemonsets),
-        setup.writer,
-        setup.events,
-        Arc::clone(&setup.clock),
-        metrics::Metrics::register(&setup.metrics),
+        sync::Caches {
+            objects: Arc::clone(&objects),
+            nodes: Arc::clone(&nodes),
+            pods: Arc::clone(&pods),
+            pdbs: Arc::clone(&pdbs),
+            daemonsets: Arc::clone(&daemonsets),
+        },
         Arc::clone(&tracker),
         opts.nodemaintenance_node_lifecycle_conditions,
+        setup.ctx(metrics::Metrics::register(&setup.metrics)),
     ));
     let o = Arc::clone(&objects);
     wiring.map(&objects, &queue, move |c| {

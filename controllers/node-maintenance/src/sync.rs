@@ -21,6 +21,7 @@ use shared::cache::informers::Informer;
 use shared::cache::pod::Pod;
 use shared::cache::written::Written;
 use shared::meta::clock::Clock;
+use shared::runtime::controller::Ctx;
 use shared::runtime::events::{EventRecorder, core_ref};
 use shared::runtime::queue::Next;
 use std::collections::{BTreeMap, HashMap};
@@ -89,7 +90,7 @@ fn node_owner(nm: &NodeMaintenance) -> Option<&OwnerReference> {
         .owner_references
         .iter()
         .flatten()
-        .find(|o| o.kind == "Node" && o.api_version == "v1")
+        .find(|o| shared::meta::refs::refers_to_version::<Node>(o))
 }
 
 pub(crate) fn pod_uid(p: &Pod) -> &str {
@@ -121,21 +122,37 @@ pub(crate) fn owner(nm: &NodeMaintenance) -> &str {
     nm.metadata.name.as_deref().unwrap_or_default()
 }
 
+/// The caches the controller reads.
+pub struct Caches {
+    pub objects: Arc<Informer<NodeMaintenance>>,
+    pub nodes: Arc<Informer<Node>>,
+    pub pods: Arc<Informer<Pod>>,
+    pub pdbs: Arc<Informer<PodDisruptionBudget>>,
+    pub daemonsets: Arc<Informer<DaemonSet>>,
+}
+
 impl NodeMaintenanceController {
-    #[allow(clippy::too_many_arguments)]
+    /// `node_conditions`: NM-23's `--nodemaintenance-node-lifecycle-conditions`.
     pub fn new(
-        objects: Arc<Informer<NodeMaintenance>>,
-        nodes: Arc<Informer<Node>>,
-        pods: Arc<Informer<Pod>>,
-        pdbs: Arc<Informer<PodDisruptionBudget>>,
-        daemonsets: Arc<Informer<DaemonSet>>,
-        writer: Writer,
-        events: EventRecorder,
-        clock: Arc<dyn Clock>,
-        metrics: Metrics,
+        caches: Caches,
         tracker: Arc<Tracker>,
         node_conditions: bool,
+        ctx: Ctx<Metrics>,
     ) -> Self {
+        let Caches {
+            objects,
+            nodes,
+            pods,
+            pdbs,
+            daemonsets,
+        } = caches;
+        let Ctx {
+            writer,
+            events,
+            clock,
+            metrics,
+            ..
+        } = ctx;
         NodeMaintenanceController {
             objects,
             nodes,
