@@ -297,6 +297,10 @@ async fn j2_indexed() -> Result<()> {
         .find(|p| index_of(p) == Some(2))
         .expect("index 2");
     let victim_name = victim.metadata.name.clone().unwrap_or_default();
+    // Taken before the request: the deletion happens after this instant, so the backoff (10 s
+    // from the whole-second deletion time) ends more than 9 s after it. Taken after the reply,
+    // the reply's latency would come off the bound.
+    let deleted_at = k8s_openapi::jiff::Timestamp::now();
     j.pods
         .delete(
             &victim_name,
@@ -306,7 +310,6 @@ async fn j2_indexed() -> Result<()> {
             },
         )
         .await?;
-    let deleted_at = k8s_openapi::jiff::Timestamp::now();
     let replacement = wait::until(
         "a replacement for index 2",
         Duration::from_secs(30),
