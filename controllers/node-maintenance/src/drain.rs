@@ -346,20 +346,13 @@ impl NodeMaintenanceController {
             pod.metadata.namespace.as_deref().unwrap_or_default(),
             pod.metadata.name.as_deref().unwrap_or_default(),
         );
-        let transition = pod
-            .condition(POD_CONDITION_TARGETED)
-            .filter(|c| c.status == "True")
-            .and_then(|c| c.last_transition_time.clone())
-            .unwrap_or(Time(now));
-        let cond = PodCondition {
-            type_: POD_CONDITION_TARGETED.into(),
-            status: "True".into(),
-            reason: Some(REASON_NODE_MAINTENANCE.into()),
-            message: Some(message.to_string()),
-            last_transition_time: Some(transition),
-            observed_generation: pod.metadata.generation,
-            last_probe_time: None,
-        };
+        let cond = true_condition(
+            pod,
+            POD_CONDITION_TARGETED,
+            REASON_NODE_MAINTENANCE,
+            message.to_string(),
+            now,
+        );
         match act::set_pod_condition(&self.writer, ns, name, uid, &cond).await {
             Ok(()) => {
                 self.tracker.update(uid, |r| {
@@ -599,22 +592,13 @@ impl NodeMaintenanceController {
             pod.metadata.name.clone().unwrap_or_default(),
         );
         let nm_name = nm.metadata.name.clone().unwrap_or_default();
-        let transition = pod
-            .condition(DISRUPTION_TARGET)
-            .filter(|c| c.status == "True")
-            .and_then(|c| c.last_transition_time.clone())
-            .unwrap_or(Time(now));
-        let cond = PodCondition {
-            type_: DISRUPTION_TARGET.into(),
-            status: "True".into(),
-            reason: Some(REASON_DELETION.into()),
-            message: Some(format!(
-                "NodeMaintenance {nm_name}: deleting past the drain deadline"
-            )),
-            last_transition_time: Some(transition),
-            observed_generation: pod.metadata.generation,
-            last_probe_time: None,
-        };
+        let cond = true_condition(
+            pod,
+            DISRUPTION_TARGET,
+            REASON_DELETION,
+            format!("NodeMaintenance {nm_name}: deleting past the drain deadline"),
+            now,
+        );
         let grace = nm.spec.drain.grace_period_seconds;
         let result = match act::set_pod_condition(&self.writer, &ns, &name, uid, &cond).await {
             Ok(()) => act::delete_pod(&self.writer, &ns, &name, uid, grace).await,
@@ -839,4 +823,27 @@ fn start(
     let start = d.start_time.as_ref().map_or(now, |t| t.0);
     d.deadline = plan::deadline(start, drain.timeout_seconds).map(Time);
     d.deadline.as_ref().map(|t| t.0)
+}
+/// A `True` pod condition of ours, keeping the transition time of one already `True`.
+fn true_condition(
+    pod: &Pod,
+    type_: &str,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) -> PodCondition {
+    let transition = pod
+        .condition(type_)
+        .filter(|c| c.status == "True")
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(now));
+    PodCondition {
+        type_: type_.into(),
+        status: "True".into(),
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_transition_time: Some(transition),
+        observed_generation: pod.metadata.generation,
+        last_probe_time: None,
+    }
 }
