@@ -202,10 +202,18 @@ pub async fn https_get(
     bearer: Option<&str>,
     roots: Option<&[rustls::pki_types::CertificateDer<'static>]>,
 ) -> Result<(u16, String)> {
+    get_over(tls_connect(addr, roots).await?, addr, path, bearer).await
+}
+
+/// A TLS connection to `addr`, trusting `roots` (any certificate when `None`).
+pub async fn tls_connect(
+    addr: &str,
+    roots: Option<&[rustls::pki_types::CertificateDer<'static>]>,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::clone(&provider))
         .with_safe_default_protocol_versions()?;
-    let config = match roots {
+    let mut config = match roots {
         Some(certs) => {
             let mut store = rustls::RootCertStore::empty();
             for c in certs {
@@ -218,16 +226,52 @@ pub async fn https_get(
             .with_custom_certificate_verifier(std::sync::Arc::new(AnyCertificate(provider)))
             .with_no_client_auth(),
     };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_string();
     let name = rustls::pki_types::ServerName::try_from(host)?;
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
-    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(name, tcp)
         .await
-        .with_context(|| format!("TLS handshake with {addr}"))?;
-    get_over(tls, addr, path, bearer).await
+        .with_context(|| format!("TLS handshake with {addr}"))
+}
+
+/// One HTTP/1.1 keep-alive connection over TLS, for many requests (a scraper's, or a flood's).
+pub struct HttpsConnection {
+    send: hyper::client::conn::http1::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+    host: String,
+}
+
+impl HttpsConnection {
+    pub async fn open(addr: &str) -> Result<HttpsConnection> {
+        let tls = tls_connect(addr, None).await?;
+        let (send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await?;
+        tokio::spawn(conn);
+        Ok(HttpsConnection {
+            send,
+            host: addr.to_string(),
+        })
+    }
+
+    /// GET `path`: its status, the body read to the end.
+    pub async fn get(&mut self, path: &str, bearer: Option<&str>) -> Result<u16> {
+        use http_body_util::BodyExt;
+        let mut req = hyper::Request::get(path).header("host", &self.host);
+        if let Some(t) = bearer {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        self.send.ready().await?;
+        let resp = self
+            .send
+            .send_request(req.body(http_body_util::Empty::new())?)
+            .await?;
+        let status = resp.status().as_u16();
+        resp.into_body().collect().await?;
+        Ok(status)
+    }
 }
 
 async fn get_over<S>(

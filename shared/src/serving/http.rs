@@ -5,6 +5,7 @@
 //! `--authorization-always-allow-paths` (default `/healthz,/readyz,/livez`) skip both, as kcm's.
 //! Plain HTTP exists only when `--metrics-bind-address` is set explicitly.
 
+use crate::serving::connections::{Conn, Connections, Limits};
 use crate::serving::health::{self, Health};
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
@@ -23,10 +24,15 @@ use tokio_util::sync::CancellationToken;
 
 /// kcm's delegated authentication and authorization cache lifetimes (10 s each).
 const CACHE_TTL: Duration = Duration::from_secs(10);
-/// How long a TLS handshake may take: a stalled client must not hold a task forever.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on each cache; when full it is cleared (tokens are few in practice: scrapers).
+/// Bound on each cache; when full, expired answers go first, then the oldest.
 const CACHE_MAX: usize = 1024;
+/// A credential granted within this long is *known*: its next review skips the strangers' lane.
+const KNOWN_FOR: Duration = Duration::from_secs(600);
+/// Reviews of credentials never granted before, in flight at once; more wait at most
+/// [`STRANGER_WAIT`], then get 429. A flood of random tokens or paths thus costs the API server
+/// a bounded rate and never queues ahead of a known scraper's review.
+const STRANGER_REVIEWS: usize = 8;
+const STRANGER_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServingError {
@@ -65,49 +71,134 @@ impl UserInfo {
     }
 }
 
-/// A cache of answers with the time each was given.
-type Answers<K, V> = Mutex<HashMap<K, (Instant, V)>>;
+/// A credential or a review as a cache key: a SHA-256 digest, so no token is kept in memory.
+type Key = [u8; 32];
+
+fn key_of(text: &str) -> Key {
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    let mut key = [0; 32];
+    key.copy_from_slice(digest.as_ref());
+    key
+}
+
+/// Answers of one kind of review with the time each was given. Grants and refusals are kept
+/// apart, so a flood of refused junk never evicts a scraper's grant.
+struct Answers<V> {
+    granted: Mutex<HashMap<Key, (Instant, V)>>,
+    refused: Mutex<HashMap<Key, (Instant, ())>>,
+}
+
+/// What the cache knows of a key.
+enum Cached<V> {
+    Granted(V),
+    Refused,
+    /// Not answered within the TTL; `known` when it was granted within [`KNOWN_FOR`].
+    Ask {
+        known: bool,
+    },
+}
+
+fn bounded_insert<V>(map: &mut HashMap<Key, (Instant, V)>, key: Key, v: V, keep: Duration) {
+    if map.len() >= CACHE_MAX && !map.contains_key(&key) {
+        map.retain(|_, (at, _)| at.elapsed() < keep);
+        if map.len() >= CACHE_MAX
+            && let Some(oldest) = map.iter().min_by_key(|(_, (at, _))| *at).map(|(k, _)| *k)
+        {
+            map.remove(&oldest);
+        }
+    }
+    map.insert(key, (Instant::now(), v));
+}
+
+impl<V: Clone> Answers<V> {
+    fn new() -> Self {
+        Answers {
+            granted: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn get(&self, key: &Key) -> Cached<V> {
+        if let Some((at, v)) = crate::lock(&self.granted).get(key) {
+            return if at.elapsed() < CACHE_TTL {
+                Cached::Granted(v.clone())
+            } else {
+                Cached::Ask {
+                    known: at.elapsed() < KNOWN_FOR,
+                }
+            };
+        }
+        match crate::lock(&self.refused).get(key) {
+            Some((at, ())) if at.elapsed() < CACHE_TTL => Cached::Refused,
+            _ => Cached::Ask { known: false },
+        }
+    }
+
+    fn remember(&self, key: Key, answer: Option<V>) {
+        match answer {
+            Some(v) => {
+                crate::lock(&self.refused).remove(&key);
+                bounded_insert(&mut crate::lock(&self.granted), key, v, KNOWN_FOR);
+            }
+            None => bounded_insert(&mut crate::lock(&self.refused), key, (), CACHE_TTL),
+        }
+    }
+}
+
+/// Why a review was not asked.
+#[derive(Debug)]
+enum ReviewError {
+    Api(kube::Error),
+    /// The strangers' lane is full: the caller is told to come back (429).
+    Busy,
+}
 
 /// Delegated authentication and authorization through the API server, with kcm's caching.
 pub struct Delegated {
     client: kube::Client,
-    /// Bearer token -> user (`None`: not authenticated).
-    tokens: Answers<String, Option<UserInfo>>,
+    /// Bearer token -> user.
+    tokens: Answers<UserInfo>,
     /// The whole review (user, uid, groups, extra, verb, path) -> allowed, as upstream's
     /// webhook authorizer keys its cache: two credentials of one name with other groups differ.
-    decisions: Answers<String, bool>,
-}
-
-fn cached<K: std::hash::Hash + Eq, V: Clone>(cache: &Answers<K, V>, key: &K) -> Option<V> {
-    let cache = crate::lock(cache);
-    cache
-        .get(key)
-        .filter(|(at, _)| at.elapsed() < CACHE_TTL)
-        .map(|(_, v)| v.clone())
-}
-
-fn remember<K: std::hash::Hash + Eq, V>(cache: &Answers<K, V>, key: K, v: V) {
-    let mut cache = crate::lock(cache);
-    if cache.len() >= CACHE_MAX {
-        cache.clear();
-    }
-    cache.insert(key, (Instant::now(), v));
+    decisions: Answers<()>,
+    strangers: tokio::sync::Semaphore,
 }
 
 impl Delegated {
     pub fn new(client: kube::Client) -> Arc<Delegated> {
         Arc::new(Delegated {
             client,
-            tokens: Mutex::new(HashMap::new()),
-            decisions: Mutex::new(HashMap::new()),
+            tokens: Answers::new(),
+            decisions: Answers::new(),
+            strangers: tokio::sync::Semaphore::new(STRANGER_REVIEWS),
         })
     }
 
+    /// Runs `review` at once for a known credential, else through the strangers' lane.
+    async fn ask<T>(
+        &self,
+        known: bool,
+        review: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ReviewError> {
+        let _permit = if known {
+            None
+        } else {
+            match tokio::time::timeout(STRANGER_WAIT, self.strangers.acquire()).await {
+                Ok(Ok(permit)) => Some(permit),
+                _ => return Err(ReviewError::Busy),
+            }
+        };
+        review.await.map_err(ReviewError::Api)
+    }
+
     /// `Ok(None)`: the API server does not accept the token.
-    async fn authenticate(&self, token: &str) -> Result<Option<UserInfo>, kube::Error> {
-        if let Some(hit) = cached(&self.tokens, &token.to_string()) {
-            return Ok(hit);
-        }
+    async fn authenticate(&self, token: &str) -> Result<Option<UserInfo>, ReviewError> {
+        let key = key_of(token);
+        let known = match self.tokens.get(&key) {
+            Cached::Granted(user) => return Ok(Some(user)),
+            Cached::Refused => return Ok(None),
+            Cached::Ask { known } => known,
+        };
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
@@ -115,8 +206,9 @@ impl Delegated {
             },
             ..Default::default()
         };
-        let answer = Api::<TokenReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
+        let api = Api::<TokenReview>::all(self.client.clone());
+        let answer = self
+            .ask(known, api.create(&PostParams::default(), &review))
             .await?;
         let user = answer
             .status
@@ -128,7 +220,7 @@ impl Delegated {
                 groups: u.groups.unwrap_or_default(),
                 extra: u.extra.unwrap_or_default(),
             });
-        remember(&self.tokens, token.to_string(), user.clone());
+        self.tokens.remember(key, user.clone());
         Ok(user)
     }
 
@@ -137,7 +229,7 @@ impl Delegated {
         user: &UserInfo,
         verb: &str,
         path: &str,
-    ) -> Result<bool, kube::Error> {
+    ) -> Result<bool, ReviewError> {
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.username.clone()),
@@ -152,15 +244,18 @@ impl Delegated {
             },
             ..Default::default()
         };
-        let key = serde_json::to_string(&review.spec).unwrap_or_default();
-        if let Some(hit) = cached(&self.decisions, &key) {
-            return Ok(hit);
-        }
-        let answer = Api::<SubjectAccessReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
+        let key = key_of(&serde_json::to_string(&review.spec).unwrap_or_default());
+        let known = match self.decisions.get(&key) {
+            Cached::Granted(()) => return Ok(true),
+            Cached::Refused => return Ok(false),
+            Cached::Ask { known } => known,
+        };
+        let api = Api::<SubjectAccessReview>::all(self.client.clone());
+        let answer = self
+            .ask(known, api.create(&PostParams::default(), &review))
             .await?;
         let allowed = answer.status.is_some_and(|s| s.allowed);
-        remember(&self.decisions, key, allowed);
+        self.decisions.remember(key, allowed.then_some(()));
         Ok(allowed)
     }
 }
@@ -173,6 +268,8 @@ pub enum Verdict {
     Unauthorized,
     /// 403, with kcm's message.
     Forbidden(String),
+    /// 429: too many reviews of unknown credentials in flight.
+    Busy,
     /// 500: the API server could not be asked.
     Failed(String),
 }
@@ -196,7 +293,10 @@ async fn verdict(auth: &Delegated, token: Option<&str>, verb: &str, path: &str) 
         Some(t) => match auth.authenticate(t).await {
             Ok(Some(u)) => u,
             Ok(None) => return Verdict::Unauthorized,
-            Err(e) => return Verdict::Failed(format!("authenticating the request: {e}")),
+            Err(ReviewError::Busy) => return Verdict::Busy,
+            Err(ReviewError::Api(e)) => {
+                return Verdict::Failed(format!("authenticating the request: {e}"));
+            }
         },
     };
     match auth.authorize(&user, verb, path).await {
@@ -205,7 +305,8 @@ async fn verdict(auth: &Delegated, token: Option<&str>, verb: &str, path: &str) 
             "forbidden: User \"{}\" cannot {verb} path \"{path}\"",
             user.username
         )),
-        Err(e) => Verdict::Failed(format!("authorizing the request: {e}")),
+        Err(ReviewError::Busy) => Verdict::Busy,
+        Err(ReviewError::Api(e)) => Verdict::Failed(format!("authorizing the request: {e}")),
     }
 }
 
@@ -238,6 +339,12 @@ async fn filter(State(f): State<Filter>, req: Request, next: Next) -> Response {
         Verdict::Allow => next.run(req).await,
         Verdict::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized\n").into_response(),
         Verdict::Forbidden(m) => (StatusCode::FORBIDDEN, format!("{m}\n")).into_response(),
+        Verdict::Busy => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "1")],
+            "Too many requests, please try again later.\n",
+        )
+            .into_response(),
         Verdict::Failed(m) => {
             tracing::warn!(path, error = %m, "delegated authentication or authorization failed");
             (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error\n").into_response()
@@ -307,6 +414,7 @@ pub async fn serve(
         },
         filter,
     ));
+    let connections = Connections::new(Limits::default());
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -322,31 +430,64 @@ pub async fn serve(
                     continue;
                 }
             };
-            let (acceptor, app) = (acceptor.clone(), app.clone());
-            tokio::spawn(async move {
-                // A client that never finishes its handshake holds nothing for long.
-                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
-                let Ok(Ok(tls)) = handshake.await else {
-                    return;
-                };
-                let service = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let app = app.clone();
-                        async move {
-                            use tower::ServiceExt;
-                            app.oneshot(req.map(axum::body::Body::new)).await
-                        }
-                    },
+            // At the cap the longest-idle connection makes way; refused only if all are busy.
+            let Some(conn) = connections.admit() else {
+                tracing::warn!(
+                    open = connections.len(),
+                    "secure port: every connection is serving a request; refusing a new one"
                 );
-                let _ = hyper_util::server::conn::auto::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                )
-                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                .await;
-            });
+                continue;
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(serve_connection(acceptor, tcp, conn, app));
         }
     });
     Ok(bound)
+}
+
+/// One connection: the TLS handshake, then HTTP/1.1 or HTTP/2 until the peer closes it, it has
+/// been idle too long, or a newer connection took its place.
+async fn serve_connection(
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    conn: Conn,
+    app: axum::Router,
+) {
+    let limits = conn.limits();
+    let handshake = tokio::time::timeout(limits.handshake, acceptor.accept(tcp));
+    let tls = tokio::select! {
+        _ = conn.close.cancelled() => return,
+        tls = handshake => match tls {
+            Ok(Ok(tls)) => tls,
+            _ => return,
+        },
+    };
+    let conn = Arc::new(conn);
+    let service = {
+        let conn = Arc::clone(&conn);
+        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let (app, busy) = (app.clone(), conn.begin());
+            async move {
+                use tower::ServiceExt;
+                let response = app.oneshot(req.map(axum::body::Body::new)).await;
+                drop(busy);
+                response
+            }
+        })
+    };
+    let mut builder =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read);
+    builder.http2().timer(hyper_util::rt::TokioTimer::new());
+    let served = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), service);
+    tokio::select! {
+        _ = served => {}
+        // Dropping the connection closes it; nothing is in flight when it is idle or evicted.
+        () = conn.idle_or_evicted() => {}
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! What the process shows outside: health and readiness, the HTTP and secure ports, logs.
 
+pub mod connections;
 pub mod health;
 pub mod http;
 pub mod logging;
