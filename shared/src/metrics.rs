@@ -21,6 +21,33 @@ pub struct Metrics {
     stale_skips: OnceLock<Family<StaleSkipLabels, Counter>>,
     events_dropped: OnceLock<Family<ControllerLabel, Counter>>,
     running_controllers: OnceLock<Family<ManagedControllerLabels, Gauge>>,
+    troubles: Troubles,
+}
+
+/// What in the runtime is failing right now, by controller: a starter retrying after a panic, a
+/// task waiting to restart after one. `/readyz` lists it (the panic itself is in the log, with
+/// whatever object it names). Kept beside the metrics because everything that can fail and
+/// everything that reports already holds them.
+#[derive(Default)]
+pub struct Troubles(Mutex<std::collections::BTreeMap<(String, &'static str), String>>);
+
+impl Troubles {
+    /// Records that `part` of `controller` is failing now, and how.
+    pub fn set(&self, controller: &str, part: &'static str, how: String) {
+        crate::lock(&self.0).insert((controller.to_string(), part), how);
+    }
+
+    pub fn clear(&self, controller: &str, part: &'static str) {
+        crate::lock(&self.0).remove(&(controller.to_string(), part));
+    }
+
+    /// `controller: part how`, one per failing part.
+    pub fn list(&self) -> Vec<String> {
+        crate::lock(&self.0)
+            .iter()
+            .map(|((c, part), how)| format!("{c}: {part} {how}"))
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -85,6 +112,11 @@ pub struct StaleSkipLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupResourceLabels {
     pub group: String,
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabel {
     pub resource: String,
 }
 
@@ -195,6 +227,10 @@ impl Metrics {
             );
         }
         Arc::new(m)
+    }
+
+    pub fn troubles(&self) -> &Troubles {
+        &self.troubles
     }
 
     pub fn register(&self, name: &str, help: &str, metric: impl Metric) {

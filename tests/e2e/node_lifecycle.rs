@@ -998,6 +998,100 @@ async fn f_get(nodes: &Api<Node>, name: &str) -> Result<Node> {
     Ok(nodes.get(name).await?)
 }
 
+/// Issue 30 §0: the last ~26 hours of year 9999 are accepted by the API server but not held by
+/// the time library the caches decode into. A Lease renewed inside them (a node whose clock is
+/// wrong), a node's and a pod's conditions carrying them: each reaches the caches (saturated at
+/// the library's bound) and none fails the watch of the ordinary objects beside it. The renewing
+/// node stays Ready, as kube-controller-manager keeps it; its ordinary neighbour, whose Lease
+/// stops, is tainted on time; the far-future pod on the neighbour is evicted.
+async fn far_future_times_reach_the_caches() -> Result<()> {
+    const LATE: &str = "9999-12-31T23:59:59.999999Z";
+    let f = Fixture::new("zff").await?;
+    let (late, ordinary) = (f.node("ff-late").await?, f.node("ff-ordinary").await?);
+    let ns = cluster().namespace("ff").await?;
+    k8s::wait_service_account(&f.client, &ns).await?;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), &ns);
+    pods.create(
+        &PostParams::default(),
+        &pod_on_node("ff", &ordinary, json!([]))?,
+    )
+    .await?;
+    wait::until(
+        "the pod ready",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let p = pods.get("ff").await?;
+            Ok(k8s::condition(&p, "Ready")
+                .is_some_and(|c| c.status == "True")
+                .then_some(()))
+        },
+    )
+    .await?;
+
+    // kwok lets go of both; from now on only this test writes their Leases and statuses.
+    let (_, last) = (f.fail(&late).await?, f.fail(&ordinary).await?);
+    // Its kubelet's clock is stuck in the last day of year 9999 and still ticks: it renews
+    // every 2 s with a later time each time, as kwok renews the others.
+    let renewing = {
+        let leases: Api<Lease> = Api::namespaced(f.client.clone(), "kube-node-lease");
+        let late = late.clone();
+        tokio::spawn(async move {
+            for i in 0u32.. {
+                let at = format!("9999-12-31T23:{:02}:{:02}.000000Z", i / 30, (i * 2) % 60);
+                let patch = json!({"spec": {"renewTime": at, "acquireTime": LATE}});
+                let _ = leases
+                    .patch(&late, &PatchParams::default(), &Patch::Merge(patch))
+                    .await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+    };
+    let heartbeat = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+        "reason": "KubeletReady", "lastHeartbeatTime": LATE, "lastTransitionTime": LATE}]}});
+    f.nodes
+        .patch_status(&late, &PatchParams::default(), &Patch::Strategic(heartbeat))
+        .await?;
+    let probed = json!({"status": {"conditions": [{"type": "PodScheduled", "status": "True",
+        "lastProbeTime": LATE, "lastTransitionTime": LATE}]}});
+    pods.patch_status("ff", &PatchParams::default(), &Patch::Strategic(probed))
+        .await?;
+
+    let e = last + GRACE;
+    wait::until(
+        "the ordinary neighbour tainted unreachable",
+        until(e) + TOLERANCE + Duration::from_secs(5),
+        Duration::from_millis(100),
+        || async {
+            Ok(has_taint(&f.get(&ordinary).await?, UNREACHABLE, "NoExecute").then_some(()))
+        },
+    )
+    .await?;
+    // Past the grace period of its last ordinary renewal too, the late node is still Ready.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    renewing.abort();
+    let n = f.get(&late).await?;
+    ensure!(
+        condition(&n, "Ready").is_some_and(|(s, _)| s == "True")
+            && !has_taint(&n, UNREACHABLE, "NoExecute")
+            && !has_taint(&n, NOT_READY, "NoExecute"),
+        "a node renewing with a far-future time was given up: {:?} {:?}",
+        n.status.and_then(|s| s.conditions),
+        n.spec.and_then(|s| s.taints)
+    );
+    // The far-future pod is in the pod cache: the taint eviction controller deletes it once
+    // its default toleration (30 s) of the unreachable taint runs out.
+    wait::until(
+        "the far-future pod evicted",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { Ok(deleted(&pods, "ff").await?.then_some(())) },
+    )
+    .await?;
+    cluster().delete_namespace(&ns).await?;
+    f.cleanup(&[&late, &ordinary]).await
+}
+
 fn main() {
     let trials = vec![
         trial("n1_heartbeat_loss", n1_heartbeat_loss),
@@ -1010,6 +1104,10 @@ fn main() {
         trial("n10_normal_zone_rate", n10_normal_zone_rate),
         trial("n14_excluded_nodes", n14_excluded_nodes),
         trial("n17_manual_removal_returns", n17_manual_removal_returns),
+        trial(
+            "far_future_times_reach_the_caches",
+            far_future_times_reach_the_caches,
+        ),
         trial(
             "n11_small_zone_outage_stops_tainting",
             n11_small_zone_outage_stops_tainting,

@@ -7,16 +7,20 @@
 //! and must only map the event to keys and enqueue them: nothing blocks, so no consumer can stall
 //! the watch (unlike a bounded broadcast).
 
+use crate::cache::decoded::Decoded;
 use crate::meta::keys::{ObjectKey, object_key, shrink_meta};
+use crate::metrics::ResourceLabel;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde::de::DeserializeOwned;
 use std::any::{Any, TypeId};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -102,10 +106,22 @@ pub struct Informer<K> {
     /// The highest resourceVersion the watch has delivered (read-your-writes: a write returning
     /// a lower or equal one is in the cache).
     newest: AtomicU64,
+    /// Objects skipped because they did not decode, by key, with the reason (until an event for
+    /// the key decodes or deletes it).
+    undecodable: Mutex<BTreeMap<ObjectKey, String>>,
+    undecodable_total: AtomicU64,
+    /// `pilothouse_undecodable_objects_total{resource}`, shared by the registry's informers.
+    undecodable_counter: Counter,
+    /// Events skipped because taking them panicked; `pilothouse_informer_panics_total`.
+    panics_total: AtomicU64,
+    panics_counter: Counter,
 }
 
 impl<K: Watched> Informer<K> {
-    fn new(transforms: Arc<Transforms>) -> Self {
+    fn new(transforms: Arc<Transforms>, counters: &InformerCounters) -> Self {
+        let label = ResourceLabel {
+            resource: K::plural(&()).into_owned(),
+        };
         let (synced_tx, _) = tokio_watch::channel(false);
         Informer {
             transforms,
@@ -118,6 +134,11 @@ impl<K: Watched> Informer<K> {
             synced: AtomicBool::new(false),
             synced_tx,
             newest: AtomicU64::new(0),
+            undecodable: Mutex::new(BTreeMap::new()),
+            undecodable_total: AtomicU64::new(0),
+            undecodable_counter: counters.undecodable.get_or_create(&label).clone(),
+            panics_total: AtomicU64::new(0),
+            panics_counter: counters.panics.get_or_create(&label).clone(),
         }
     }
 
@@ -202,9 +223,129 @@ impl<K: Watched> Informer<K> {
         self.newest.load(Ordering::Acquire)
     }
 
-    fn saw(&self, obj: &K) {
+    fn saw(&self, obj: &impl Resource) {
         if let Some(rv) = obj.meta().resource_version.as_deref().and_then(parse_rv) {
             self.newest.fetch_max(rv, Ordering::AcqRel);
+        }
+    }
+
+    /// Objects skipped now because they did not decode (`namespace/name: reason`), and how
+    /// many times one was skipped since start.
+    /// Events skipped since start because taking them into the cache panicked.
+    pub fn panics(&self) -> u64 {
+        self.panics_total.load(Ordering::Relaxed)
+    }
+
+    pub fn undecodable(&self) -> (Vec<String>, u64) {
+        let now = crate::lock(&self.undecodable)
+            .iter()
+            .map(|(k, e)| format!("{k}: {e}"))
+            .collect();
+        (now, self.undecodable_total.load(Ordering::Relaxed))
+    }
+
+    /// An object off the wire: decoded and stripped, or skipped (counted, logged, its key kept
+    /// for `/readyz`), in which case the cache keeps whatever it had for the key.
+    fn decoded(&self, obj: Decoded<K>) -> Result<K, ObjectKey> {
+        self.saw(&obj);
+        let key = object_key(&obj);
+        match obj {
+            Decoded::Ok(k) => {
+                if !crate::lock(&self.undecodable).is_empty() {
+                    crate::lock(&self.undecodable).remove(&key);
+                }
+                Ok(self.strip(k))
+            }
+            Decoded::Undecodable { error, .. } => {
+                tracing::warn!(resource = %self.resource, key = %key, error = %error, "skipping an object that does not decode; the cache keeps its previous state");
+                self.undecodable_total.fetch_add(1, Ordering::Relaxed);
+                self.undecodable_counter.inc();
+                crate::lock(&self.undecodable).insert(key.clone(), error);
+                Err(key)
+            }
+        }
+    }
+
+    /// One event of the watch into the store (or the listing under way).
+    fn take(
+        &self,
+        event: Event<Decoded<K>>,
+        listing: &mut Option<HashMap<ObjectKey, K>>,
+        listed_once: &mut bool,
+    ) {
+        match event {
+            Event::Init => *listing = Some(HashMap::new()),
+            Event::InitApply(obj) => {
+                let listing = listing.get_or_insert_with(HashMap::new);
+                match self.decoded(obj) {
+                    Ok(obj) => {
+                        listing.insert(object_key(&obj), obj);
+                    }
+                    // Skipped, not deleted: the re-list keeps what the cache had.
+                    Err(key) => self.keep_listed(listing, key),
+                }
+            }
+            Event::InitDone => {
+                let listed = listing.take().unwrap_or_default();
+                tracing::debug!(resource = %self.resource, objects = listed.len(), "listed");
+                self.replace(listed);
+                *listed_once = true;
+            }
+            Event::Apply(obj) => {
+                if let Ok(obj) = self.decoded(obj) {
+                    self.apply(obj);
+                }
+            }
+            Event::Delete(obj) => match self.decoded(obj) {
+                Ok(obj) => self.delete(obj),
+                Err(key) => self.delete_key(&key),
+            },
+        }
+    }
+
+    /// A re-list keeps the cached state of a key it could not take.
+    fn keep_listed(&self, listing: &mut HashMap<ObjectKey, K>, key: ObjectKey) {
+        if let Some(old) = self.get(&key) {
+            listing.insert(key, (*old).clone());
+        }
+    }
+
+    /// A transform, an observer or an index function panicked on one event: the event is
+    /// skipped (counted, logged with its key) and the watch goes on, so the only watch of the
+    /// type never ends on one object.
+    fn panicked(
+        &self,
+        key: Option<&str>,
+        initial: bool,
+        listing: &mut Option<HashMap<ObjectKey, K>>,
+        panic: &(dyn Any + Send),
+    ) {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(resource = %self.resource, key = key.unwrap_or_default(), panic = %what, "taking a watch event into the cache panicked; skipping it");
+        self.panics_total.fetch_add(1, Ordering::Relaxed);
+        self.panics_counter.inc();
+        if let (true, Some(key), Some(listing)) = (initial, key, listing.as_mut()) {
+            self.keep_listed(listing, key.to_string());
+        }
+    }
+
+    /// A delete whose last state did not decode: the key is all it takes.
+    fn delete_key(&self, key: &ObjectKey) {
+        crate::lock(&self.undecodable).remove(key);
+        let removed = {
+            let mut s = crate::write(&self.state);
+            let removed = s.objects.remove(key);
+            if let Some(o) = &removed {
+                s.index_remove(key, o);
+            }
+            removed
+        };
+        if let Some(old) = removed {
+            self.notify(Change::Deleted(old));
         }
     }
 
@@ -298,7 +439,12 @@ impl<K: Watched> Informer<K> {
     /// response and its deserialized copy beside the cache, which is most of a large cluster's
     /// peak memory. A server with the WatchList feature off refuses `sendInitialEvents`; the
     /// informer then lists and watches as client-go's reflector falls back.
-    async fn run(self: Arc<Self>, api: Api<K>, config: watcher::Config, stop: CancellationToken) {
+    async fn run(
+        self: Arc<Self>,
+        api: Api<Decoded<K>>,
+        config: watcher::Config,
+        stop: CancellationToken,
+    ) {
         let streaming = config.clone().streaming_lists();
         if let Watch::Refused = self.watch(api.clone(), streaming, true, &stop).await {
             tracing::warn!(resource = %self.resource, "the API server refuses streaming lists; listing and watching instead");
@@ -308,7 +454,7 @@ impl<K: Watched> Informer<K> {
 
     async fn watch(
         &self,
-        api: Api<K>,
+        api: Api<Decoded<K>>,
         config: watcher::Config,
         streaming: bool,
         stop: &CancellationToken,
@@ -326,21 +472,21 @@ impl<K: Watched> Informer<K> {
                 return Watch::Stopped;
             };
             match event {
-                Ok(Event::Init) => listing = Some(HashMap::new()),
-                Ok(Event::InitApply(obj)) => {
-                    let obj = self.strip(obj);
-                    listing
-                        .get_or_insert_with(HashMap::new)
-                        .insert(object_key(&obj), obj);
+                Ok(event) => {
+                    let key = match &event {
+                        Event::InitApply(o) | Event::Apply(o) | Event::Delete(o) => {
+                            Some(object_key(o))
+                        }
+                        Event::Init | Event::InitDone => None,
+                    };
+                    let initial = matches!(event, Event::InitApply(_));
+                    let taken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.take(event, &mut listing, &mut listed_once);
+                    }));
+                    if let Err(panic) = taken {
+                        self.panicked(key.as_deref(), initial, &mut listing, &*panic);
+                    }
                 }
-                Ok(Event::InitDone) => {
-                    let listed = listing.take().unwrap_or_default();
-                    tracing::debug!(resource = %self.resource, objects = listed.len(), "listed");
-                    self.replace(listed);
-                    listed_once = true;
-                }
-                Ok(Event::Apply(obj)) => self.apply(self.strip(obj)),
-                Ok(Event::Delete(obj)) => self.delete(self.strip(obj)),
                 Err(e) if streaming && !listed_once && streaming_refused(&e) => {
                     return Watch::Refused;
                 }
@@ -470,6 +616,8 @@ trait AnyInformer: Send + Sync {
     fn has_synced(&self) -> bool;
     fn start(&self, client: Client, stop: CancellationToken);
     fn namespace(&self) -> Option<String>;
+    fn undecodable(&self) -> (Vec<String>, u64);
+    fn panics(&self) -> u64;
 }
 
 struct Entry<K> {
@@ -480,7 +628,16 @@ struct Entry<K> {
     api: ApiFn<K>,
 }
 
-type ApiFn<K> = Box<dyn Fn(Client) -> Api<K> + Send + Sync>;
+/// Counters shared by every informer of a registry, by resource.
+#[derive(Clone, Default)]
+pub struct InformerCounters {
+    /// `pilothouse_undecodable_objects_total`.
+    pub undecodable: Family<ResourceLabel, Counter>,
+    /// `pilothouse_informer_panics_total`.
+    pub panics: Family<ResourceLabel, Counter>,
+}
+
+type ApiFn<K> = Box<dyn Fn(Client) -> Api<Decoded<K>> + Send + Sync>;
 
 impl<K: Watched> AnyInformer for Entry<K> {
     fn as_any(&self) -> Arc<dyn Any + Send + Sync> {
@@ -495,6 +652,12 @@ impl<K: Watched> AnyInformer for Entry<K> {
     fn namespace(&self) -> Option<String> {
         self.namespace.clone()
     }
+    fn undecodable(&self) -> (Vec<String>, u64) {
+        self.informer.undecodable()
+    }
+    fn panics(&self) -> u64 {
+        self.informer.panics()
+    }
     fn start(&self, client: Client, stop: CancellationToken) {
         if self.started.swap(true, Ordering::AcqRel) {
             return;
@@ -502,7 +665,33 @@ impl<K: Watched> AnyInformer for Entry<K> {
         let api = (self.api)(client);
         // resourceVersion=0 lists from the API server's watch cache, as client-go informers do.
         let config = watcher::Config::default().any_semantic();
-        tokio::spawn(Arc::clone(&self.informer).run(api, config, stop));
+        tokio::spawn(supervise(Arc::clone(&self.informer), api, config, stop));
+    }
+}
+
+/// Runs an informer's watch until `stop`, starting it again (after a second) if its task ever
+/// ends otherwise: it is the only watch of its type, and a cache that silently froze would keep
+/// serving its last state as current.
+async fn supervise<K: Watched>(
+    informer: Arc<Informer<K>>,
+    api: Api<Decoded<K>>,
+    config: watcher::Config,
+    stop: CancellationToken,
+) {
+    loop {
+        let run = Arc::clone(&informer).run(api.clone(), config.clone(), stop.clone());
+        match tokio::spawn(run).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(resource = %informer.resource, error = %e, "the watch ended abnormally; starting it again in 1s");
+                informer.panics_total.fetch_add(1, Ordering::Relaxed);
+                informer.panics_counter.inc();
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
     }
 }
 
@@ -510,6 +699,7 @@ impl<K: Watched> AnyInformer for Entry<K> {
 pub struct Informers {
     client: Client,
     transforms: Arc<Transforms>,
+    counters: InformerCounters,
     stop: CancellationToken,
     entries: Mutex<Vec<(TypeId, Box<dyn AnyInformer>)>>,
     started: AtomicBool,
@@ -520,6 +710,7 @@ impl Informers {
         Arc::new(Informers {
             client,
             transforms: Arc::default(),
+            counters: InformerCounters::default(),
             stop,
             entries: Mutex::new(Vec::new()),
             started: AtomicBool::new(false),
@@ -550,10 +741,7 @@ impl Informers {
     /// (cluster-wide if it has not).
     #[cfg(any(test, feature = "testkit"))]
     pub fn testkit_get<K: Watched>(&self) -> Arc<Informer<K>> {
-        let existing = self
-            .entries
-            .lock()
-            .expect("registry lock")
+        let existing = crate::lock(&self.entries)
             .iter()
             .find(|(t, _)| *t == TypeId::of::<K>())
             .map(|(_, e)| {
@@ -580,7 +768,10 @@ impl Informers {
                 .expect("type id matches");
         }
         let entry = Entry {
-            informer: Arc::new(Informer::<K>::new(Arc::clone(&self.transforms))),
+            informer: Arc::new(Informer::<K>::new(
+                Arc::clone(&self.transforms),
+                &self.counters,
+            )),
             started: AtomicBool::new(false),
             namespace,
             api,
@@ -624,19 +815,42 @@ impl Informers {
 
     /// The resources being watched (plural names).
     pub fn resources(&self) -> Vec<String> {
-        self.entries
-            .lock()
-            .expect("registry lock")
+        crate::lock(&self.entries)
             .iter()
             .map(|(_, e)| e.resource())
             .collect()
     }
 
+    /// The counters every informer of the registry shares (register them once).
+    pub fn counters(&self) -> InformerCounters {
+        self.counters.clone()
+    }
+
+    /// Per resource with objects skipped now: how many now, and how many skips since start.
+    pub fn undecodable(&self) -> Vec<(String, usize, u64)> {
+        crate::lock(&self.entries)
+            .iter()
+            .filter_map(|(_, e)| {
+                let (now, total) = e.undecodable();
+                (total > 0).then(|| (e.resource(), now.len(), total))
+            })
+            .collect()
+    }
+
+    /// Per resource whose watch skipped events because taking them panicked: how many.
+    pub fn panics(&self) -> Vec<(String, u64)> {
+        crate::lock(&self.entries)
+            .iter()
+            .filter_map(|(_, e)| {
+                let n = e.panics();
+                (n > 0).then(|| (e.resource(), n))
+            })
+            .collect()
+    }
+
     /// Resources whose first list has not completed.
     pub fn unsynced(&self) -> Vec<String> {
-        self.entries
-            .lock()
-            .expect("registry lock")
+        crate::lock(&self.entries)
             .iter()
             .filter(|(_, e)| !e.has_synced())
             .map(|(_, e)| e.resource())
@@ -749,7 +963,7 @@ mod tests {
 
     #[test]
     fn events_indexes_and_stripping() {
-        let inf = Informer::<Pod>::new(Arc::default());
+        let inf = Informer::<Pod>::new(Arc::default(), &InformerCounters::default());
         inf.add_index(INDEX_POD_NODE, pod_by_node);
         inf.add_index(INDEX_CONTROLLER_UID, by_controller_uid);
         let log = recorded(&inf);
@@ -778,7 +992,7 @@ mod tests {
 
     #[test]
     fn relist_emits_only_differences_and_marks_synced() {
-        let inf = Informer::<Pod>::new(Arc::default());
+        let inf = Informer::<Pod>::new(Arc::default(), &InformerCounters::default());
         inf.add_index(INDEX_NAMESPACE, by_namespace);
         let log = recorded(&inf);
         assert!(!inf.has_synced());
@@ -801,6 +1015,31 @@ mod tests {
         got[2..].sort();
         assert_eq!(got, vec!["add a", "add b", "add c", "delete b"]);
         assert_eq!(inf.by_index(INDEX_NAMESPACE, "ns").len(), 2);
+    }
+
+    #[test]
+    fn an_undecodable_object_is_skipped_counted_and_forgotten_once_it_decodes() {
+        let counters = InformerCounters::default();
+        let inf = Informer::<Pod>::new(Arc::default(), &counters);
+        inf.apply(pod("a", "5", None, None));
+        let bad = Decoded::<Pod>::from_json(
+            r#"{"metadata":{"name":"a","namespace":"ns","resourceVersion":"6"},"spec":{"containers":7}}"#,
+        )
+        .unwrap();
+        assert_eq!(inf.decoded(bad).unwrap_err(), "ns/a");
+        assert_eq!(inf.newest_resource_version(), 6, "its version still counts");
+        assert_eq!(
+            inf.get("ns/a").unwrap().resource_version().as_deref(),
+            Some("5")
+        );
+        let (now, total) = inf.undecodable();
+        assert_eq!((now.len(), total), (1, 1));
+        let metric = counters.undecodable.get_or_create(&ResourceLabel {
+            resource: "pods".into(),
+        });
+        assert_eq!(metric.get(), 1);
+        assert!(inf.decoded(Decoded::Ok(pod("a", "7", None, None))).is_ok());
+        assert_eq!(inf.undecodable(), (vec![], 1));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! the projections that keep only declared fields, and the record of our own writes that the
 //! caches must catch up with ([`written`]).
 
+pub mod decoded;
 pub mod informers;
 pub mod pod;
 pub mod projection;

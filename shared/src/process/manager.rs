@@ -150,6 +150,16 @@ pub async fn run(
         "Writes by kube-controller-manager to objects a running Pilothouse controller owns (it still runs that controller)",
         conflicts.counter.clone(),
     );
+    metrics.register(
+        "pilothouse_undecodable_objects",
+        "Objects a watch delivered that could not be decoded, even with out-of-range times saturated; each was skipped (its key is logged), the rest of the stream went on",
+        informers.counters().undecodable,
+    );
+    metrics.register(
+        "pilothouse_informer_panics",
+        "Watch events skipped because taking them into the cache panicked (a transform, an observer or an index function); the watch went on",
+        informers.counters().panics,
+    );
     informers.start();
     tracing::info!(resources = ?informers.resources(), "shared caches started");
 
@@ -376,9 +386,11 @@ async fn start_serving(
             always_allow_paths: opts.authorization_always_allow_paths.clone(),
         };
         // Reviews come from a client of their own: scrapes never spend a controller's budget.
+        // Its budget is upstream's delegated authn/authz clients' (200/400, set high because it
+        // bounds how fast the port answers); unknown credentials are bounded in `http.rs`.
         let auth = Delegated::new(client::build(
             config,
-            ClientSpec::new("delegated-auth", opts.kube_api_qps, opts.kube_api_burst),
+            ClientSpec::new("delegated-auth", 200.0, 400),
             metrics,
         )?);
         let addr = format!("{}:{}", opts.bind_address, opts.secure_port);

@@ -148,10 +148,20 @@ struct Containment {
     panics: Arc<crate::metrics::ReconcileMetrics>,
 }
 
+/// How long a panicked starter or task waits before its next try: 1 s, doubling, at most 60 s.
+fn after_panics(panics: u32) -> Duration {
+    Duration::from_secs(1u64 << panics.saturating_sub(1).min(6)).min(Duration::from_secs(60))
+}
+
 impl Containment {
-    fn call(&self, f: impl FnOnce()) {
-        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(f)) {
-            self.panicked(&*panic);
+    /// Runs `f`; `false` if it panicked (logged and counted).
+    fn call(&self, f: impl FnOnce()) -> bool {
+        match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+            Ok(()) => true,
+            Err(panic) => {
+                self.panicked(&*panic);
+                false
+            }
         }
     }
 
@@ -178,7 +188,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_default()
 }
 
-type Starter = Box<dyn FnOnce() + Send>;
+type Starter = Arc<dyn Fn() + Send + Sync>;
 type Serve = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, ()> + Send>;
 
 /// The leader gate: handlers, starters and periodic tasks act only while it is open.
@@ -327,7 +337,9 @@ impl Wiring {
         handler: impl Fn(&Change<K>) + Send + Sync + 'static,
     ) {
         let contain = self.containment("event handler");
-        informer.on_change(move |change| contain.call(|| handler(change)));
+        informer.on_change(move |change| {
+            contain.call(|| handler(change));
+        });
     }
 
     fn containment(&self, what: &'static str) -> Containment {
@@ -399,8 +411,12 @@ impl Wiring {
 
     /// Runs once each time this replica starts leading, after the caches have synced and before
     /// workers start: typically the initial enqueue of every object.
-    pub fn on_start(&mut self, starter: impl FnOnce() + Send + 'static) {
-        self.starters.push(Box::new(starter));
+    ///
+    /// A starter that panics is counted, reported on `/readyz`, and tried again with backoff
+    /// (1 s doubling to 60 s) until it completes, while the workers serve what is queued: it
+    /// must therefore be safe to run twice (enqueueing is).
+    pub fn on_start(&mut self, starter: impl Fn() + Send + Sync + 'static) {
+        self.starters.push(Arc::new(starter));
     }
 
     /// `workers` workers serve `queue` with `sync` until shutdown; the runtime keeps per-sync
@@ -463,13 +479,38 @@ impl Wiring {
     }
 
     /// A long-running task of the controller's own (e.g. a timer loop) that ends at `stop`.
+    /// One that panics is counted, reported on `/readyz` while it waits, and started again
+    /// with backoff (1 s doubling to 60 s).
     pub fn task<F, Fut>(&mut self, task: F)
     where
-        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        F: Fn(CancellationToken) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.serves
-            .push(Box::new(move |stop: CancellationToken| task(stop).boxed()));
+        let contain = self.containment("task");
+        let metrics = Arc::clone(&self.metrics);
+        self.serves.push(Box::new(move |stop: CancellationToken| {
+            async move {
+                for panics in 1u32.. {
+                    let run = AssertUnwindSafe(async { task(stop.clone()).await })
+                        .catch_unwind()
+                        .await;
+                    let Err(panic) = run else { return };
+                    contain.panicked(&*panic);
+                    let wait = after_panics(panics);
+                    metrics.troubles().set(
+                        contain.controller,
+                        "task",
+                        format!("panicked ({panics} so far); restarting in {wait:?}"),
+                    );
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    metrics.troubles().clear(contain.controller, "task");
+                }
+            }
+            .boxed()
+        }));
     }
 
     /// [`Self::workers`] with the controller passed to each sync: `sync(ctl, key)`.
@@ -498,27 +539,61 @@ impl Wiring {
 impl Controller for Wiring {
     fn run(self: Box<Self>, stop: CancellationToken) -> BoxFuture<'static, ()> {
         async move {
+            let contain = Arc::new(self.containment("starter"));
             let Wiring {
                 gate,
                 starters,
                 serves,
                 spawned,
+                metrics,
                 ..
             } = *self;
             gate.set(true);
+            let mut running = Vec::new();
             for start in starters {
-                start();
+                if !contain.call(|| start()) {
+                    let retry =
+                        retry_starter(start, Arc::clone(&contain), metrics.clone(), stop.clone());
+                    running.push(tokio::spawn(retry));
+                }
             }
-            let running: Vec<_> = serves
-                .into_iter()
-                .map(|serve| tokio::spawn(serve(stop.clone())))
-                .collect();
+            running.extend(
+                serves
+                    .into_iter()
+                    .map(|serve| tokio::spawn(serve(stop.clone()))),
+            );
             join_all(running).await;
             spawned.drained().await;
             gate.set(false);
         }
         .boxed()
     }
+}
+
+/// Tries a panicked starter again with backoff until it completes or the controller stops; it
+/// is reported on `/readyz` meanwhile.
+async fn retry_starter(
+    start: Starter,
+    contain: Arc<Containment>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    for panics in 1u32.. {
+        let wait = after_panics(panics);
+        metrics.troubles().set(
+            contain.controller,
+            "starter",
+            format!("panicked ({panics} so far); trying again in {wait:?}"),
+        );
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        if contain.call(|| start()) {
+            break;
+        }
+    }
+    metrics.troubles().clear(contain.controller, "starter");
 }
 
 /// Runs `workers` workers over `queue` until it shuts down, each calling `sync` for a key.
@@ -558,7 +633,9 @@ pub async fn serve<K, F, Fut, E>(
             while let Some(key) = queue.get().await {
                 let span = tracing::info_span!("sync", controller, queue = queue.name(), key = ?key);
                 let started = Instant::now();
-                let result = AssertUnwindSafe(sync(key.clone()).instrument(span.clone()))
+                // The call itself inside the guard: a sync that panics before its first await
+                // must not end the worker with the key still marked processing.
+                let result = AssertUnwindSafe(async { sync(key.clone()).await }.instrument(span.clone()))
                     .catch_unwind()
                     .await;
                 reconcile
@@ -798,6 +875,77 @@ mod tests {
         assert!(text.contains("result=\"success\""), "{text}");
     }
 
+    /// Issue 30 §3: a sync that panics before its first await, a starter and a task each
+    /// panic twice; each is counted, the key is served again, the starter is tried again and
+    /// the task restarted with backoff, `/readyz`'s troubles say so meanwhile and clear after.
+    #[tokio::test(start_paused = true)]
+    async fn panics_of_starters_tasks_and_sync_calls_are_contained_and_retried() {
+        let metrics = Metrics::new();
+        let mut wiring = Wiring::new("test-controller", Arc::clone(&metrics));
+        let queue: Arc<Queue<String>> = wiring.queue(
+            "t",
+            BackoffConfig::exponential(Duration::from_millis(1), Duration::from_millis(4)),
+        );
+        let (syncs, starts, tasks) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let c = Arc::clone(&syncs);
+        wiring.workers(&queue, 1, move |_key: String| {
+            // Before any future exists: the worker itself would die here.
+            assert!(c.fetch_add(1, Ordering::SeqCst) >= 2, "sync call panics");
+            async { Ok::<Next, Boom>(Next::Done) }
+        });
+        let (c, q) = (Arc::clone(&starts), Arc::clone(&queue));
+        wiring.on_start(move || {
+            assert!(c.fetch_add(1, Ordering::SeqCst) >= 2, "starter panics");
+            q.add("k".into());
+        });
+        let c = Arc::clone(&tasks);
+        wiring.task(move |stop| {
+            let c = Arc::clone(&c);
+            async move {
+                assert!(c.fetch_add(1, Ordering::SeqCst) >= 2, "task panics");
+                stop.cancelled().await;
+            }
+        });
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(wiring.build().run(stop.clone()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let troubles = metrics.troubles().list();
+        assert!(
+            troubles
+                .iter()
+                .any(|t| t.starts_with("test-controller: starter panicked (1 so far)"))
+                && troubles
+                    .iter()
+                    .any(|t| t.starts_with("test-controller: task panicked (1 so far)")),
+            "{troubles:?}"
+        );
+        // 1 s then 2 s of backoff: both succeed on their third try.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_eq!(starts.load(Ordering::SeqCst), 3);
+        assert_eq!(tasks.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            syncs.load(Ordering::SeqCst),
+            3,
+            "the key was served until it synced"
+        );
+        assert!(
+            metrics.troubles().list().is_empty(),
+            "{:?}",
+            metrics.troubles().list()
+        );
+        stop.cancel();
+        run.await.unwrap();
+        let text = metrics.encode();
+        assert!(
+            text.contains("pilothouse_reconcile_panics_total{controller=\"test-controller\"} 6"),
+            "{text}"
+        );
+    }
+
     #[tokio::test]
     async fn workers_never_overlap_on_one_key_and_retry_errors() {
         let metrics = Metrics::new();
@@ -907,9 +1055,12 @@ mod tests {
         wiring.on_start(move || s.store(true, Ordering::SeqCst));
         let task_saw_open = Arc::new(AtomicBool::new(false));
         let (g2, t) = (gate.clone(), Arc::clone(&task_saw_open));
-        wiring.task(move |stop| async move {
-            t.store(g2.is_open(), Ordering::SeqCst);
-            stop.cancelled().await;
+        wiring.task(move |stop| {
+            let (g2, t) = (g2.clone(), Arc::clone(&t));
+            async move {
+                t.store(g2.is_open(), Ordering::SeqCst);
+                stop.cancelled().await;
+            }
         });
         // Not leading yet: only the every-replica handler sees the change.
         cms.testkit_apply(config_map("before"));

@@ -34,7 +34,8 @@ async fn healthz(State(h): State<Health>) -> impl IntoResponse {
 
 /// Ready once every shared cache has listed, leader or not, so standbys stay Ready; not ready
 /// while kube-controller-manager is seen running one of our controllers (10 minutes after its
-/// last such write), so the conflict shows wherever readiness is watched.
+/// last such write), so the conflict shows wherever readiness is watched, nor while a part of a
+/// controller is failing (a starter retrying after a panic, a task waiting to restart).
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     let unsynced = h.informers.unsynced();
     if let Some(c) = h.conflicts.recent(crate::meta::clock::unix_now()) {
@@ -46,8 +47,30 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
             ),
         );
     }
+    let troubles = h.metrics.troubles().list();
+    if unsynced.is_empty() && !troubles.is_empty() {
+        // A starter or task of a leading controller that keeps panicking: the process holds the
+        // Lease while that part does nothing, which readiness must not hide.
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not healthy: {}\n", troubles.join("; ")),
+        );
+    }
     if unsynced.is_empty() {
-        (StatusCode::OK, "ok\n".to_string())
+        // Skipped objects do not make the process unready (the rest is served); the keys are in
+        // the log and the count in pilothouse_undecodable_objects_total, not here for anyone.
+        let mut body = "ok\n".to_string();
+        for (resource, skipped) in h.informers.panics() {
+            body.push_str(&format!(
+                "warning: {resource}: {skipped} watch event(s) skipped because taking them into the cache panicked (see the log)\n"
+            ));
+        }
+        for (resource, now, total) in h.informers.undecodable() {
+            body.push_str(&format!(
+                "warning: {resource}: {now} object(s) skipped now because they do not decode ({total} skips since start; the keys are in the log)\n"
+            ));
+        }
+        (StatusCode::OK, body)
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
