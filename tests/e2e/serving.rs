@@ -518,6 +518,30 @@ async fn secure_port_and_controller_identities() -> Result<()> {
         "{PILOTHOUSE_USER} wrote what a controller's identity should: {other:?}"
     );
 
+    // Issue 30 §6: the job controller's ServiceAccount deleted by hand revokes its token; the
+    // next request is refused (401), the token is renewed at once, the account created again,
+    // and a new Job completes without a restart.
+    let accounts: Api<ServiceAccount> = Api::namespaced(cluster().client().await?, "kube-system");
+    accounts
+        .delete("job-controller", &DeleteParams::default())
+        .await?;
+    let revoked = Jobs::new(cluster().client().await?, &ns);
+    revoked
+        .create(&jobs::job(
+            "after-revocation",
+            json!({"completions": 1}),
+            jobs::template(Some(0), "1s"),
+        )?)
+        .await?;
+    revoked
+        .wait_finished("after-revocation", Duration::from_secs(90))
+        .await
+        .with_context(|| format!("after the ServiceAccount was deleted:\n{}", p.log_tail(20)))?;
+    ensure!(
+        accounts.get_opt("job-controller").await?.is_some(),
+        "the job controller's ServiceAccount was not created again"
+    );
+
     let nodes: Api<Node> = Api::all(cluster().client().await?);
     let nms: Api<pilothouse_tests::maintenance::NodeMaintenance> =
         Api::all(cluster().client().await?);

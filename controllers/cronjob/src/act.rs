@@ -52,13 +52,13 @@ pub enum Created {
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
     /// The namespace is being deleted (no `FailedCreate` event).
-    #[error("{0}")]
+    #[error("{}", shared::api::apierr::message(.0))]
     NamespaceTerminating(#[source] kube::Error),
     /// The create failed (`FailedCreate`).
-    #[error("{0}")]
+    #[error("{}", shared::api::apierr::message(.0))]
     Failed(#[source] kube::Error),
     /// The create found the name taken and reading that Job failed.
-    #[error("{0}")]
+    #[error("{}", shared::api::apierr::message(.0))]
     ReadExisting(#[source] kube::Error),
 }
 

@@ -145,7 +145,7 @@ impl JobController {
                             &job_ref(job),
                             "FailedCreate",
                             "CreatePod",
-                            format!("Error creating: {e}"),
+                            format!("Error creating: {}", shared::api::apierr::message(&e)),
                         );
                         first_err.get_or_insert(api(format!(
                             "creating a pod for job {}",
@@ -194,7 +194,7 @@ impl JobController {
             &job_ref(job),
             "FailedDelete",
             "DeletePod",
-            format!("Error deleting: {e}"),
+            format!("Error deleting: {}", shared::api::apierr::message(e)),
         );
     }
 }

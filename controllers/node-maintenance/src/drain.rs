@@ -109,6 +109,7 @@ impl NodeMaintenanceController {
             self.request(nm, &targets, &present, deadline, now).await;
         }
         self.view(nm, &targets, &present, &stored, &mut result);
+        self.warn_shared_deadlocks(nm, &result.entries);
         if let Some(d) = deadline.filter(|d| *d > now) {
             result.wake = earliest(result.wake, Some(d));
         }
@@ -576,6 +577,40 @@ impl NodeMaintenanceController {
                 .events
                 .warning(obj_ref, "EvictionBlocked", "Evict", &msg),
             _ => {}
+        }
+    }
+
+    /// NM-17 for a pod two objects target: the attempts are shared (one record per pod), so the
+    /// object whose status shows a deadlock found by the other's attempt warns too, once per
+    /// budget, on itself (the pod was warned by the attempt).
+    fn warn_shared_deadlocks(&self, nm: &NodeMaintenance, entries: &[crate::status::Entry]) {
+        let name = nm.metadata.name.as_deref().unwrap_or_default();
+        let fresh: Vec<&TargetedPod> = {
+            let mut mem = self.memory();
+            let m = mem.entry(name.to_string()).or_default();
+            entries
+                .iter()
+                .map(|e| &e.pod)
+                .filter(|p| p.blocked_reason.as_deref() == Some(evict::REASON_DEADLOCK))
+                .filter(|p| {
+                    m.deadlock_warned
+                        .insert(p.pod_disruption_budget.clone().unwrap_or_default())
+                })
+                .collect()
+        };
+        if fresh.is_empty() {
+            return;
+        }
+        let obj_ref = shared::meta::refs::object_reference(nm);
+        for p in fresh {
+            let msg = format!(
+                "pod {}/{} {}",
+                p.namespace,
+                p.name,
+                p.message.clone().unwrap_or_default()
+            );
+            self.events
+                .warning(&obj_ref, "DrainDeadlocked", "Evict", &msg);
         }
     }
 

@@ -510,7 +510,7 @@ proptest! {
         prop_assert_eq!(plan::lifecycle_patch(&node, &wanted, now), None);
     }
 
-    /// `progress` and `targetedPods` for any targets, up to past the 1024 cap: counts add up,
+    /// `progress` and `targetedPods` for any targets, up to past the 512 cap: counts add up,
     /// percent is 0..=100, `targetedPods` is capped with `truncated` saying so, blocked first.
     #[test]
     fn progress_and_targeted_pods_stay_in_range(list in entries()) {

@@ -1,6 +1,6 @@
 //! The status an object should have (its fields, conditions and phase), computed purely:
 //! conditions that keep their transition time, progress, `targetedPods` (blocked first, then
-//! oldest, at most 1024) and the `EvictionBlocked` summary; and the merge patch from the stored
+//! oldest, at most 512) and the `EvictionBlocked` summary; and the merge patch from the stored
 //! status to it.
 
 use crate::evict::severity;
@@ -11,7 +11,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value};
 
-pub const MAX_TARGETED_PODS: usize = 1024;
+/// At most this many targets are listed, each with a message of at most
+/// [`MAX_POD_MESSAGE`] bytes: with every name, namespace and budget name at the API's longest
+/// (253, 63, 253) a listed pod takes about 1.3 KiB, so the list stays near 650 KiB, well under
+/// etcd's 1.5 MiB object limit (a status write over it would fail, and with it the drain).
+pub const MAX_TARGETED_PODS: usize = 512;
+/// The eviction answer kept per listed pod (the API server's refusal is a sentence or two).
+pub const MAX_POD_MESSAGE: usize = 256;
 /// The `EvictionBlocked` message names this many pods, then counts the rest.
 pub const NAMED_IN_MESSAGE: usize = 5;
 
@@ -53,6 +59,12 @@ pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Con
 
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     condition(conditions, type_).is_some_and(|c| c.status == "True")
+}
+
+/// `lastError` as the status keeps it: at most 1 KiB (an admission webhook's refusal can be
+/// long, and the status must stay writable).
+pub fn bounded_error(e: String) -> String {
+    truncate(e, 1024)
 }
 
 fn truncate(mut s: String, max: usize) -> String {
@@ -136,7 +148,14 @@ pub fn targeted_pods(entries: Vec<Entry>) -> (Vec<TargetedPod>, bool) {
     order(&mut entries);
     let truncated = entries.len() > MAX_TARGETED_PODS;
     entries.truncate(MAX_TARGETED_PODS);
-    (entries.into_iter().map(|e| e.pod).collect(), truncated)
+    let pods = entries
+        .into_iter()
+        .map(|e| TargetedPod {
+            message: e.pod.message.map(|m| truncate(m, MAX_POD_MESSAGE)),
+            ..e.pod
+        })
+        .collect();
+    (pods, truncated)
 }
 
 /// `status.progress` over every target ever selected; percent = evicted·100/targeted (100 if
@@ -400,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn targeted_pods_blocked_first_then_oldest_capped_at_1024() {
+    fn targeted_pods_blocked_first_then_oldest_capped() {
         let entries = vec![
             entry("old-pending", 1, TargetState::Pending, None),
             entry("new-blocked", 9, TargetState::Blocked, Some(REASON_PDB)),
@@ -419,7 +438,7 @@ mod tests {
             ["deadlocked", "new-blocked", "oldest-gone", "old-pending"]
         );
         assert!(!truncated);
-        let many: Vec<Entry> = (0..1030)
+        let many: Vec<Entry> = (0..1030i64)
             .map(|i| entry(&format!("p{i}"), i, TargetState::Pending, None))
             .collect();
         let p = progress(&many, Skipped::default(), true);
@@ -428,6 +447,48 @@ mod tests {
         assert!(truncated);
         assert_eq!(pods[0].name, "p0");
         assert_eq!((p.targeted, p.pending, p.percent), (1030, 1030, 0));
+    }
+
+    /// Issue 30 §7: 5,000 blocked pods with the API's longest names, budget names and a long
+    /// refusal each: the status stays under 1 MiB and still names the blockers first.
+    #[test]
+    fn the_status_of_a_drain_over_5000_blocked_pods_stays_under_a_mebibyte() {
+        let long = |c: char, n: usize| std::iter::repeat_n(c, n).collect::<String>();
+        let many: Vec<Entry> = (0..5000i64)
+            .map(|i| {
+                let mut e = entry(
+                    &format!("{i:05}{}", long('p', 248)),
+                    i,
+                    TargetState::Blocked,
+                    Some(REASON_PDB),
+                );
+                e.pod.namespace = long('n', 63);
+                e.pod.pod_disruption_budget = Some(long('b', 253));
+                e.pod.message = Some(long('m', 4096));
+                e.pod.attempts = i64::MAX;
+                e.pod.first_attempt_time = Some(Time(t(i)));
+                e.pod.last_attempt_time = Some(Time(t(i)));
+                e.pod.next_attempt_time = Some(Time(t(i)));
+                e
+            })
+            .collect();
+        let skipped = Skipped::default();
+        let progress = progress(&many, skipped, true);
+        let (pods, truncated) = targeted_pods(many);
+        assert!(truncated);
+        assert!(pods.iter().all(|p| p.state == TargetState::Blocked));
+        assert!(
+            pods[0].name.starts_with("00000"),
+            "the oldest blocker first"
+        );
+        let status = NodeMaintenanceStatus {
+            progress: Some(progress),
+            targeted_pods: pods,
+            last_error: Some(bounded_error(long('e', 4096))),
+            ..Default::default()
+        };
+        let size = serde_json::to_vec(&status).unwrap().len();
+        assert!(size < 1024 * 1024, "{size} bytes");
     }
 
     #[test]

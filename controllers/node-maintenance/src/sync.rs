@@ -470,7 +470,7 @@ impl NodeMaintenanceController {
             .get(nm.metadata.name.as_deref().unwrap_or_default())
             .and_then(|m| m.last_error.clone())
         {
-            st.last_error = Some(e);
+            st.last_error = Some(crate::status::bounded_error(e));
         }
         let mut next = self.write_status(nm, st, false).await?;
         // After the status: a node patch that keeps failing must not keep the drain's targets

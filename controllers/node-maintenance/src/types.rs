@@ -184,10 +184,11 @@ pub struct NodeMaintenanceStatus {
     pub drain: Option<DrainStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
-    /// The targets, blocked first then oldest; at most 1024 (`progress.truncated` says so).
+    /// The targets, blocked first then oldest; at most 512 (`progress.truncated` says so), each
+    /// message at most 256 bytes: the status stays well under etcd's object size limit.
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["namespace", "name"]))]
-    #[schemars(length(max = 1024))]
+    #[schemars(length(max = 512))]
     pub targeted_pods: Vec<TargetedPod>,
     /// The last error that was not a PodDisruptionBudget refusal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -279,7 +280,7 @@ pub struct Progress {
     #[serde(default)]
     #[schemars(range(min = 0, max = 100))]
     pub percent: i32,
-    /// `targetedPods` holds only the first 1024 targets.
+    /// `targetedPods` holds only the first 512 targets.
     #[serde(default)]
     pub truncated: bool,
 }

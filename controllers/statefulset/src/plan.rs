@@ -131,6 +131,10 @@ pub struct Plan {
     pub blocked: Option<String>,
     /// An invalid maxUnavailable (the update step is skipped, as upstream fails it).
     pub invalid: Option<String>,
+    /// Replicas whose ordinal would pass the largest int32 (`spec.ordinals.start` +
+    /// `spec.replicas`): they get no pod, and a Warning says so. (Upstream names such a pod
+    /// `<set>-2147483648`, then fails to parse its ordinal and never counts it.)
+    pub beyond_ordinals: Option<String>,
 }
 
 impl PodView {
@@ -237,6 +241,13 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
         _ => Ok(1),
     };
     out.max_unavailable = *m.as_ref().unwrap_or(&1);
+    let past = end.saturating_sub(i64::from(i32::MAX));
+    if past > 0 {
+        out.beyond_ordinals = Some(format!(
+            "spec.ordinals.start ({start}) + spec.replicas ({}) passes the largest ordinal (2147483647): {past} replica(s) cannot have a pod",
+            set.replicas
+        ));
+    }
     out.unavailable = slots
         .iter()
         .filter(|s| s.unavailable(min_ready, now))
@@ -954,6 +965,19 @@ mod tests {
         // Only ordinals that fit an int32 exist.
         let p = plan(&s, &[pod(i32::MAX, "new", true)], now());
         assert!(created(&p).is_empty());
+        // ... and the plan says how many replicas cannot have one, for a Warning.
+        assert_eq!(
+            p.beyond_ordinals.as_deref(),
+            Some(
+                "spec.ordinals.start (2147483647) + spec.replicas (2147483647) passes the largest ordinal (2147483647): 2147483646 replica(s) cannot have a pod"
+            )
+        );
+        s.start = 0;
+        assert_eq!(
+            plan(&s, &[], now()).beyond_ordinals,
+            None,
+            "0..=i32::MAX-1 fits"
+        );
         let mut s = set(-5, Management::OrderedReady, rolling(-3, None));
         s.start = -7;
         let _ = plan(&s, &[pod(0, "old", true)], now());

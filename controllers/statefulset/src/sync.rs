@@ -940,6 +940,15 @@ impl StatefulSetController {
                 e.clone(),
             );
         }
+        if let Some(e) = &planned.beyond_ordinals {
+            tracing::warn!(set = key, "{e}");
+            self.events.warning(
+                &shared::meta::refs::object_reference(set),
+                "OrdinalsOutOfRange",
+                "Create",
+                e.clone(),
+            );
+        }
         for phase in &planned.phases {
             if phase.concurrent {
                 let mut rest = phase.actions.as_slice();

@@ -14,11 +14,12 @@ pub const MESSAGE: &str = "Taint manager: deleting due to NoExecute taint";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ActError {
-    #[error("reading pod: {0}")]
+    // The server's message, as Go prints it (an event carries this text).
+    #[error("reading pod: {}", shared::api::apierr::message(.0))]
     Get(#[source] kube::Error),
-    #[error("adding the DisruptionTarget condition: {0}")]
+    #[error("adding the DisruptionTarget condition: {}", shared::api::apierr::message(.0))]
     Patch(#[source] kube::Error),
-    #[error("deleting: {0}")]
+    #[error("deleting: {}", shared::api::apierr::message(.0))]
     Delete(#[source] kube::Error),
 }
 

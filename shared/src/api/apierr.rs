@@ -128,8 +128,11 @@ fn is_not_leading(e: &(dyn std::error::Error + 'static)) -> bool {
 /// An API request that failed, with what the sync was doing: the one `Api` variant every
 /// controller's error enum wraps (`#[error(transparent)] Api(#[from] Failed)`), so the text and
 /// the kind of an API failure are the same in every controller.
+///
+/// Its text is what Go's `%v` prints: the server's message for an API error, never the Rust
+/// debug form of the status (events and logs carry it to operators).
 #[derive(Debug, thiserror::Error)]
-#[error("{what}: {source}")]
+#[error("{what}: {}", message(source))]
 pub struct Failed {
     pub what: String,
     #[source]
@@ -191,5 +194,23 @@ mod tests {
         assert!(is_conflict(&api(409, "Conflict")));
         assert!(!is_conflict(&api(409, "AlreadyExists")));
         assert!(is_already_exists(&api(409, "AlreadyExists")));
+    }
+
+    #[test]
+    fn a_failure_reads_as_go_prints_it() {
+        let source = kube::Error::Api(Box::new(kube::core::Status::failure(
+            "EndpointSlice.discovery.k8s.io \"web-abc\" is invalid: endpoints[0].addresses: Required value",
+            "Invalid",
+        )));
+        let text = Failed {
+            what: "failed to create EndpointSlice for Service ns/web".into(),
+            source,
+        }
+        .to_string();
+        assert_eq!(
+            text,
+            "failed to create EndpointSlice for Service ns/web: EndpointSlice.discovery.k8s.io \"web-abc\" is invalid: endpoints[0].addresses: Required value"
+        );
+        assert!(!text.contains("Status {"), "{text}");
     }
 }

@@ -403,6 +403,11 @@ where
                 let sent = StdInstant::now();
                 let res = fut.await.map_err(Into::into);
                 shared.count(&method, sent, &res);
+                if let (Ok(r), Some(b)) = (&res, &shared.bearer)
+                    && r.status() == http::StatusCode::UNAUTHORIZED
+                {
+                    b.refused();
+                }
                 let wait = match &res {
                     Ok(r) if retries < MAX_RETRY_AFTER => retry_after(r),
                     _ => None,

@@ -43,12 +43,20 @@ pub enum CredentialsError {
 #[derive(Debug)]
 pub struct BearerToken {
     header: Mutex<HeaderValue>,
+    /// Woken when the API server refused the token (401): it is renewed at once.
+    refused: tokio::sync::Notify,
 }
 
 impl BearerToken {
     /// The `Authorization` header value to send now.
     pub fn header(&self) -> HeaderValue {
         crate::lock(&self.header).clone()
+    }
+
+    /// The API server answered 401 to this token (revoked, or its ServiceAccount recreated):
+    /// renew it now rather than at its schedule.
+    pub fn refused(&self) {
+        self.refused.notify_one();
     }
 
     fn set(&self, token: &str) -> bool {
@@ -81,6 +89,7 @@ impl ServiceAccountTokens {
         let (token, lifetime) = self.request(name).await?;
         let bearer = Arc::new(BearerToken {
             header: Mutex::new(HeaderValue::from_static("")),
+            refused: tokio::sync::Notify::new(),
         });
         if !bearer.set(&token) {
             return Err(CredentialsError::Empty { name: name.into() });
@@ -88,12 +97,22 @@ impl ServiceAccountTokens {
         let (this, held, name) = (self.clone(), Arc::clone(&bearer), name.to_string());
         tokio::spawn(async move {
             let mut wait = renew_after(lifetime);
+            let mut renewed = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = this.stop.cancelled() => return,
                     _ = tokio::time::sleep(wait) => {}
+                    () = held.refused.notified() => {
+                        // A burst of 401s renews once, and at most every RETRY.
+                        let since = renewed.elapsed();
+                        if since < RETRY {
+                            tokio::time::sleep(RETRY.saturating_sub(since)).await;
+                        }
+                        tracing::info!(service_account = %name, "the API server refused a controller's token; renewing it now");
+                    }
                 }
-                wait = match this.request(&name).await {
+                renewed = tokio::time::Instant::now();
+                wait = match this.renew(&name).await {
                     Ok((token, lifetime)) if held.set(&token) => {
                         tracing::debug!(service_account = %name, "service account token renewed");
                         renew_after(lifetime)
@@ -107,6 +126,22 @@ impl ServiceAccountTokens {
             }
         });
         Ok(bearer)
+    }
+
+    /// A new token; if the ServiceAccount is gone (deleted by hand), it is created again first,
+    /// as at start.
+    async fn renew(&self, name: &str) -> Result<(String, Duration), CredentialsError> {
+        match self.request(name).await {
+            Err(CredentialsError::Token { source, .. })
+                if crate::api::apierr::classify(&source)
+                    == crate::api::apierr::ErrorKind::NotFound =>
+            {
+                tracing::warn!(service_account = %name, "the controller's ServiceAccount is gone; creating it again");
+                self.ensure_service_account(name).await?;
+                self.request(name).await
+            }
+            other => other,
+        }
     }
 
     async fn ensure_service_account(&self, name: &str) -> Result<(), CredentialsError> {
@@ -158,18 +193,21 @@ impl ServiceAccountTokens {
             .filter(|t| !t.is_empty())
             .ok_or_else(|| CredentialsError::Empty { name: name.into() })?;
         // The lifetime granted is the status's expiry (kcm renews from it); the API server may
-        // cap the one asked for.
+        // cap the one asked for. Never more than asked for: with this host's clock behind the
+        // API server's, the expiry read on it would last too long.
+        let asked = answer
+            .spec
+            .and_then(|s| s.expiration_seconds)
+            .unwrap_or(EXPIRATION_SECONDS);
+        let asked = Duration::from_secs(u64::try_from(asked).unwrap_or(0));
         let lifetime = match status.expiration_timestamp {
             Some(t) => {
                 let left =
                     t.0.as_second()
                         .saturating_sub(crate::meta::clock::unix_now());
-                Duration::from_secs(u64::try_from(left).unwrap_or(0))
+                Duration::from_secs(u64::try_from(left).unwrap_or(0)).min(asked)
             }
-            None => {
-                let asked = answer.spec.and_then(|s| s.expiration_seconds);
-                Duration::from_secs(u64::try_from(asked.unwrap_or(EXPIRATION_SECONDS)).unwrap_or(0))
-            }
+            None => asked,
         };
         Ok((token, lifetime))
     }

@@ -41,9 +41,11 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     if let Some(c) = h.conflicts.recent(crate::meta::clock::unix_now()) {
         return (
             StatusCode::INTERNAL_SERVER_ERROR,
+            // Which object is in the log and the Warning event: /readyz is open to anyone, and
+            // a tenant's object names are not theirs to read here.
             format!(
-                "conflicting controller manager: {} wrote {} {} at {} (Unix seconds) while {} runs here; turn it off in kube-controller-manager\n",
-                c.manager, c.resource, c.key, c.at, c.controller
+                "conflicting controller manager: {} wrote {} at {} (Unix seconds) while {} runs here; turn it off in kube-controller-manager (the object is named in the log and its Warning event)\n",
+                c.manager, c.resource, c.at, c.controller
             ),
         );
     }
