@@ -12,6 +12,7 @@
 //! the shipped RBAC is proven, and the account is read-only for the controllers' objects.
 
 use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -522,9 +523,30 @@ async fn secure_port_and_controller_identities() -> Result<()> {
     // next request is refused (401), the token is renewed at once, the account created again,
     // and a new Job completes without a restart.
     let accounts: Api<ServiceAccount> = Api::namespaced(cluster().client().await?, "kube-system");
+    // A token of the same account tells when the API server refuses the account's tokens; one
+    // it authenticated lately stays accepted while its authentication is cached (kube-apiserver
+    // caches a token's success 10 s), so the trial waits that out too.
+    let witness = cluster()
+        .kubectl(&["-n", "kube-system", "create", "token", "job-controller"])?
+        .trim()
+        .to_string();
     accounts
         .delete("job-controller", &DeleteParams::default())
         .await?;
+    let reviews: Api<TokenReview> = Api::all(cluster().client().await?);
+    wait::until(
+        "the deleted account's tokens refused",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let review: TokenReview = serde_json::from_value(json!({"spec": {"token": witness}}))?;
+            let answer = reviews.create(&PostParams::default(), &review).await?;
+            let accepted = answer.status.and_then(|s| s.authenticated) == Some(true);
+            Ok((!accepted).then_some(()))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(11)).await;
     let revoked = Jobs::new(cluster().client().await?, &ns);
     revoked
         .create(&jobs::job(

@@ -137,7 +137,70 @@ pub fn build(config: &Config, spec: ClientSpec, metrics: &Metrics) -> Result<Cli
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&tower::buffer::BufferLayer::new(1024))
         .with_layer(&layer)
+        .with_layer(&tower::layer::layer_fn(|inner| LateTimes { inner }))
         .build())
+}
+
+/// Lands times past `jiff`'s bound (see [`crate::meta::late`]) in every answer but a watch's
+/// before kube decodes it: a GET, a LIST or a write's returned object carrying one would
+/// otherwise fail to decode (after the write landed). Watches decode through
+/// [`crate::cache::decoded`] instead, object by object. Only a body that contains such a time
+/// is parsed; the others are passed on as read.
+#[derive(Clone)]
+struct LateTimes<S> {
+    inner: S,
+}
+
+type LateBody = http_body_util::combinators::UnsyncBoxBody<hyper::body::Bytes, BoxError>;
+
+impl<S, B> Service<Request<Body>> for LateTimes<S>
+where
+    S: Service<Request<Body>, Response = Response<B>, Error = BoxError>,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = hyper::body::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<LateBody>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<LateBody>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        use http_body_util::BodyExt;
+        let watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let res = fut.await?;
+            if watch {
+                return Ok(res.map(|b| b.map_err(Into::into).boxed_unsync()));
+            }
+            let (parts, body) = res.into_parts();
+            let bytes = body.collect().await.map_err(Into::into)?.to_bytes();
+            let bytes = if crate::meta::late::may_carry_late_times(&bytes) {
+                landed(&bytes).map_or(bytes, hyper::body::Bytes::from)
+            } else {
+                bytes
+            };
+            let body = http_body_util::Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync();
+            Ok(Response::from_parts(parts, body))
+        })
+    }
+}
+
+/// `body` re-serialized with its late times landed; `None` if it is not JSON or has none.
+fn landed(body: &[u8]) -> Option<Vec<u8>> {
+    let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    crate::meta::late::land_late_times(&mut value)
+        .then(|| serde_json::to_vec(&value).ok())
+        .flatten()
 }
 
 struct Shared {

@@ -9,6 +9,7 @@
 //! bound; one that still does not is [`Decoded::Undecodable`]: the informer skips it, counts it
 //! and logs its key, and the stream goes on.
 
+use crate::meta::late::land_late_times;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::de::DeserializeOwned;
@@ -25,64 +26,6 @@ pub enum Decoded<K> {
         meta: Box<ObjectMeta>,
         error: String,
     },
-}
-
-/// Where times past the bound land: the 100 s before the library's last second, so that the
-/// ~26 hours past it (93,600 s in microseconds, as the API server writes them) fit one
-/// nanosecond apiece, and their order survives (a node renewing its Lease at ever later times
-/// past the bound still renews).
-const LANDING: i64 = 253_402_207_200 - 100;
-
-/// Replaces every timestamp-shaped string past the bound by a time within it, keeping their
-/// order (see [`LANDING`]), outside labels and annotations (user data that only looks like a
-/// time). Returns whether anything changed.
-fn saturate_times(v: &mut Value) -> bool {
-    match v {
-        Value::String(s) => match past_the_bound(s) {
-            Some(landed) => {
-                *s = landed;
-                true
-            }
-            None => false,
-        },
-        Value::Array(items) => items
-            .iter_mut()
-            .fold(false, |changed, i| saturate_times(i) | changed),
-        Value::Object(map) => map
-            .iter_mut()
-            .filter(|(k, _)| *k != "labels" && *k != "annotations")
-            .fold(false, |changed, (_, i)| saturate_times(i) | changed),
-        _ => false,
-    }
-}
-
-/// For an RFC 3339 UTC time in the last two days of year 9999 that `jiff` refuses: where it
-/// lands, as RFC 3339 with nanoseconds.
-fn past_the_bound(s: &str) -> Option<String> {
-    let rest = s.strip_prefix("9999-12-")?.strip_suffix('Z')?;
-    if s.parse::<k8s_openapi::jiff::Timestamp>().is_ok() {
-        return None;
-    }
-    let (clock, fraction) = rest.split_once('.').unwrap_or((rest, ""));
-    let num = |t: &str| t.parse::<i64>().ok().filter(|_| t.len() == 2);
-    let (day, clock) = clock.split_once('T')?;
-    let mut hms = clock.split(':');
-    let (h, m, sec) = (num(hms.next()?)?, num(hms.next()?)?, num(hms.next()?)?);
-    let day = num(day)?;
-    if !(30..=31).contains(&day) || h > 23 || m > 59 || sec > 59 {
-        return None;
-    }
-    let micros: i64 = format!("{fraction:0<6}").get(..6)?.parse().ok()?;
-    let over_secs = (day - 30) * 86_400 + h * 3_600 + m * 60 + sec - 22 * 3_600;
-    let over = over_secs.checked_mul(1_000_000)?.checked_add(micros)?;
-    if !(0..100_000_000_000).contains(&over) {
-        return None;
-    }
-    let landed = k8s_openapi::jiff::Timestamp::new(LANDING, 0)
-        .ok()?
-        .checked_add(k8s_openapi::jiff::SignedDuration::from_nanos(over))
-        .ok()?;
-    Some(format!("{landed:.9}"))
 }
 
 /// What locates an object whose body did not decode.
@@ -111,7 +54,7 @@ impl<K: DeserializeOwned> Decoded<K> {
         };
         // Not even JSON: the stream itself is broken, as before.
         let mut value: Value = serde_json::from_str(raw)?;
-        if saturate_times(&mut value)
+        if land_late_times(&mut value)
             && let Ok(k) = K::deserialize(&value)
         {
             return Ok(Decoded::Ok(k));
@@ -211,10 +154,10 @@ mod tests {
         let bound = k8s_openapi::jiff::Timestamp::MAX;
         assert!(landed.iter().all(|t| *t <= bound));
         assert!(
-            past_the_bound("9999-12-31T23:59:59+01:00").is_none(),
+            crate::meta::late::past_the_bound("9999-12-31T23:59:59+01:00").is_none(),
             "only UTC, as the API server writes"
         );
-        assert!(past_the_bound("9999-12-32T00:00:00Z").is_none());
+        assert!(crate::meta::late::past_the_bound("9999-12-32T00:00:00Z").is_none());
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod clock;
 pub mod gocompat;
 pub mod gojson;
 pub mod keys;
+pub mod late;
 pub mod quantity;
 pub mod refs;
 pub mod selector;
