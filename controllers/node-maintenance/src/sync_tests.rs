@@ -557,6 +557,55 @@ async fn m2_deadlock_is_named_backs_off_and_resumes_on_budget_change() {
     );
 }
 
+/// Issue 30 §7a: two objects drain one node past a deadlocked budget. The pod's attempts are
+/// shared (one record per pod), so the object that did not make the attempt that found the
+/// deadlock still shows it in its status, and must warn `DrainDeadlocked` on itself too.
+#[tokio::test(start_paused = true)]
+async fn a_deadlock_found_by_another_objects_attempt_is_warned_on_both() {
+    let kit = kit();
+    let _running = start(&kit);
+    seed_db_behind_a_closed_budget(&kit);
+    kit.seed([
+        nm("first", "w1", Stage::Drain, DrainSpec::default()),
+        nm("second", "w1", Stage::Drain, DrainSpec::default()),
+    ]);
+    for name in ["first", "second"] {
+        assert!(
+            eventually(Duration::from_secs(10), || condition(
+                &kit,
+                name,
+                CONDITION_EVICTION_BLOCKED
+            )
+            .is_some_and(|c| c.1 == "PodDisruptionBudgetDeadlock"))
+            .await,
+            "{name}: no deadlock in its status"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    settle().await;
+    let warned = |who: &str| {
+        kit.api
+            .calls()
+            .into_iter()
+            .filter(|c| match c {
+                Call::Create(t, v) => {
+                    t.plural == "events"
+                        && v["reason"] == "DrainDeadlocked"
+                        && v["involvedObject"]["name"] == who
+                }
+                _ => false,
+            })
+            .count()
+    };
+    assert_eq!(
+        (warned("first"), warned("second")),
+        (1, 1),
+        "once on each object: {:?}",
+        events(&kit)
+    );
+    assert!(warned("db-0") >= 1, "the pod is warned by the attempt");
+}
+
 /// M3: timeoutPolicy Delete: past the deadline, DisruptionTarget/DeletionByNodeMaintenance then
 /// a DELETE with the UID precondition and grace period; EvictedByDeletion names the budget.
 #[tokio::test(start_paused = true)]
