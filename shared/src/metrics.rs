@@ -29,16 +29,16 @@ pub struct Metrics {
 /// whatever object it names). Kept beside the metrics because everything that can fail and
 /// everything that reports already holds them.
 #[derive(Default)]
-pub struct Troubles(Mutex<std::collections::BTreeMap<(String, &'static str), String>>);
+pub struct Troubles(Mutex<std::collections::BTreeMap<(String, String), String>>);
 
 impl Troubles {
     /// Records that `part` of `controller` is failing now, and how.
-    pub fn set(&self, controller: &str, part: &'static str, how: String) {
-        crate::lock(&self.0).insert((controller.to_string(), part), how);
+    pub fn set(&self, controller: &str, part: &str, how: String) {
+        crate::lock(&self.0).insert((controller.to_string(), part.to_string()), how);
     }
 
-    pub fn clear(&self, controller: &str, part: &'static str) {
-        crate::lock(&self.0).remove(&(controller.to_string(), part));
+    pub fn clear(&self, controller: &str, part: &str) {
+        crate::lock(&self.0).remove(&(controller.to_string(), part.to_string()));
     }
 
     /// `controller: part how`, one per failing part.

@@ -832,6 +832,27 @@ async fn secure_port_under_flood() -> Result<()> {
         closed >= 1000 - 512,
         "{closed} of 1,000 idle connections closed: more than the cap stayed open"
     );
+    // Under the flood most slow-loris connections made way for newer ones before their
+    // header deadline. With nothing else connecting, the deadline alone closes them, at 32 s.
+    let mut quiet = Vec::new();
+    let opened = std::time::Instant::now();
+    for _ in 0..5 {
+        use tokio::io::AsyncWriteExt;
+        let mut tls = tls_connect(&addr, None).await?;
+        tls.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n").as_bytes())
+            .await?;
+        quiet.push(tokio::spawn(until_closed(tls, Some(b"X-Slow: 1\r\n"))));
+    }
+    for (i, l) in quiet.into_iter().enumerate() {
+        let after = tokio::time::timeout(Duration::from_secs(60), l)
+            .await
+            .with_context(|| format!("quiet slow-loris connection {i} still open after 60 s"))??
+            - opened;
+        ensure!(
+            (Duration::from_secs(30)..Duration::from_secs(40)).contains(&after),
+            "quiet slow-loris connection {i} closed after {after:?}, not at the 32 s header deadline"
+        );
+    }
     ensure!(!p.log_text().contains("panicked"), "{}", p.log_tail(20));
     cluster().delete_namespace(&ns).await?;
     Ok(())

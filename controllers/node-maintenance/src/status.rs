@@ -449,7 +449,7 @@ mod tests {
         assert_eq!((p.targeted, p.pending, p.percent), (1030, 1030, 0));
     }
 
-    /// Issue 30 §7: 5,000 blocked pods with the API's longest names, budget names and a long
+    /// 5,000 blocked pods with the API's longest names, budget names and a long
     /// refusal each: the status stays under 1 MiB and still names the blockers first.
     #[test]
     fn the_status_of_a_drain_over_5000_blocked_pods_stays_under_a_mebibyte() {

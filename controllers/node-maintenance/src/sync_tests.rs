@@ -557,7 +557,7 @@ async fn m2_deadlock_is_named_backs_off_and_resumes_on_budget_change() {
     );
 }
 
-/// Issue 30 §7a: two objects drain one node past a deadlocked budget. The pod's attempts are
+/// NM-17: two objects drain one node past a deadlocked budget. The pod's attempts are
 /// shared (one record per pod), so the object that did not make the attempt that found the
 /// deadlock still shows it in its status, and must warn `DrainDeadlocked` on itself too.
 #[tokio::test(start_paused = true)]

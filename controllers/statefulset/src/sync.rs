@@ -941,7 +941,8 @@ impl StatefulSetController {
             );
         }
         if let Some(e) = &planned.beyond_ordinals {
-            tracing::warn!(set = key, "{e}");
+            // Every sync sees it; the event's correlation counts the repeats, the log need not.
+            tracing::debug!(set = key, "{e}");
             self.events.warning(
                 &shared::meta::refs::object_reference(set),
                 "OrdinalsOutOfRange",

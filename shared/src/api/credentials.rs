@@ -106,7 +106,10 @@ impl ServiceAccountTokens {
                         // A burst of 401s renews once, and at most every RETRY.
                         let since = renewed.elapsed();
                         if since < RETRY {
-                            tokio::time::sleep(RETRY.saturating_sub(since)).await;
+                            tokio::select! {
+                                _ = this.stop.cancelled() => return,
+                                _ = tokio::time::sleep(RETRY.saturating_sub(since)) => {}
+                            }
                         }
                         tracing::info!(service_account = %name, "the API server refused a controller's token; renewing it now");
                     }

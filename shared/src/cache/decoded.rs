@@ -9,7 +9,7 @@
 //! bound; one that still does not is [`Decoded::Undecodable`]: the informer skips it, counts it
 //! and logs its key, and the stream goes on.
 
-use crate::meta::late::land_late_times;
+use crate::meta::late::{land_late_times, may_carry_late_times};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::de::DeserializeOwned;
@@ -48,21 +48,27 @@ fn locator(v: &Value) -> ObjectMeta {
 impl<K: DeserializeOwned> Decoded<K> {
     /// Decodes one object's JSON: as is, then with times saturated, then as undecodable.
     pub fn from_json(raw: &str) -> Result<Self, serde_json::Error> {
-        let first = match serde_json::from_str::<K>(raw) {
-            Ok(k) => return Ok(Decoded::Ok(k)),
-            Err(e) => e,
+        // Late times are landed whether or not they would decode, so that all of an object's
+        // times and every object's compare as the API server's do (see `meta::late`).
+        let late = may_carry_late_times(raw.as_bytes());
+        let error = if late {
+            None
+        } else {
+            match serde_json::from_str::<K>(raw) {
+                Ok(k) => return Ok(Decoded::Ok(k)),
+                Err(e) => Some(e.to_string()),
+            }
         };
         // Not even JSON: the stream itself is broken, as before.
         let mut value: Value = serde_json::from_str(raw)?;
-        if land_late_times(&mut value)
-            && let Ok(k) = K::deserialize(&value)
-        {
-            return Ok(Decoded::Ok(k));
+        land_late_times(&mut value);
+        match K::deserialize(&value) {
+            Ok(k) => Ok(Decoded::Ok(k)),
+            Err(e) => Ok(Decoded::Undecodable {
+                meta: Box::new(locator(&value)),
+                error: error.unwrap_or_else(|| e.to_string()),
+            }),
         }
-        Ok(Decoded::Undecodable {
-            meta: Box::new(locator(&value)),
-            error: first.to_string(),
-        })
     }
 }
 
@@ -138,6 +144,11 @@ mod tests {
     #[test]
     fn times_past_the_librarys_bound_land_within_it_in_their_order() {
         let times = [
+            "9999-12-30T21:00:00Z",
+            "9999-12-30T21:58:19.999999Z",
+            "9999-12-30T21:58:20Z",
+            "9999-12-30T21:59:59Z",
+            "9999-12-30T22:00:00.999999Z",
             "9999-12-30T22:00:01Z",
             "9999-12-30T22:00:01.000001Z",
             "9999-12-31T00:00:00.5Z",
@@ -147,17 +158,17 @@ mod tests {
         let landed: Vec<_> = times.iter().map(|t| renewed(t)).collect();
         assert!(landed.windows(2).all(|w| w[0] < w[1]), "{landed:?}");
         assert_eq!(
-            renewed("9999-12-30T22:00:00.999999Z").to_string(),
-            "9999-12-30T22:00:00.999999Z",
-            "within the bound: as it was"
+            renewed("9999-12-30T21:58:19.999999Z").to_string(),
+            "9999-12-30T21:58:19.999999Z",
+            "before the landing: as it was"
         );
         let bound = k8s_openapi::jiff::Timestamp::MAX;
         assert!(landed.iter().all(|t| *t <= bound));
         assert!(
-            crate::meta::late::past_the_bound("9999-12-31T23:59:59+01:00").is_none(),
+            crate::meta::late::landed("9999-12-31T23:59:59+01:00").is_none(),
             "only UTC, as the API server writes"
         );
-        assert!(crate::meta::late::past_the_bound("9999-12-32T00:00:00Z").is_none());
+        assert!(crate::meta::late::landed("9999-12-32T00:00:00Z").is_none());
     }
 
     #[test]

@@ -69,20 +69,37 @@ struct Index<K> {
 struct StoreState<K> {
     objects: HashMap<ObjectKey, Arc<K>>,
     indexes: HashMap<&'static str, Index<K>>,
+    /// Index functions that panicked (their values counted as none), with the registry's
+    /// `pilothouse_informer_panics_total` series of this resource.
+    panics: u64,
+    panics_counter: Counter,
+}
+
+/// An index function's values for `obj`; none if it panics. It runs under the store's write
+/// lock: a panic must neither leave the indexes half-updated nor end the watch.
+fn index_values<K>(func: &IndexFn<K>, obj: &K, panics: &mut u64, counter: &Counter) -> Vec<String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| func(obj))).unwrap_or_else(|_| {
+        tracing::error!("an index function panicked; the object is left out of that index");
+        *panics = panics.saturating_add(1);
+        counter.inc();
+        Vec::new()
+    })
 }
 
 impl<K> StoreState<K> {
     fn index_insert(&mut self, key: &ObjectKey, obj: &K) {
+        let (panics, counter) = (&mut self.panics, &self.panics_counter);
         for index in self.indexes.values_mut() {
-            for v in (index.func)(obj) {
+            for v in index_values(&index.func, obj, panics, counter) {
                 index.entries.entry(v).or_default().insert(key.clone());
             }
         }
     }
 
     fn index_remove(&mut self, key: &ObjectKey, obj: &K) {
+        let (panics, counter) = (&mut self.panics, &self.panics_counter);
         for index in self.indexes.values_mut() {
-            for v in (index.func)(obj) {
+            for v in index_values(&index.func, obj, panics, counter) {
                 if let Some(set) = index.entries.get_mut(&v) {
                     set.remove(key);
                     if set.is_empty() {
@@ -129,6 +146,8 @@ impl<K: Watched> Informer<K> {
             state: RwLock::new(StoreState {
                 objects: HashMap::new(),
                 indexes: HashMap::new(),
+                panics: 0,
+                panics_counter: counters.panics.get_or_create(&label).clone(),
             }),
             handlers: RwLock::new(Vec::new()),
             synced: AtomicBool::new(false),
@@ -166,11 +185,13 @@ impl<K: Watched> Informer<K> {
             func: Box::new(func),
             entries: HashMap::new(),
         };
+        let (mut panics, counter) = (0, s.panics_counter.clone());
         for (key, obj) in &s.objects {
-            for v in (index.func)(obj) {
+            for v in index_values(&index.func, obj, &mut panics, &counter) {
                 index.entries.entry(v).or_default().insert(key.clone());
             }
         }
+        s.panics = s.panics.saturating_add(panics);
         s.indexes.insert(name, index);
     }
 
@@ -233,7 +254,9 @@ impl<K: Watched> Informer<K> {
     /// many times one was skipped since start.
     /// Events skipped since start because taking them into the cache panicked.
     pub fn panics(&self) -> u64 {
-        self.panics_total.load(Ordering::Relaxed)
+        self.panics_total
+            .load(Ordering::Relaxed)
+            .saturating_add(crate::read(&self.state).panics)
     }
 
     pub fn undecodable(&self) -> (Vec<String>, u64) {
@@ -274,7 +297,12 @@ impl<K: Watched> Informer<K> {
         listed_once: &mut bool,
     ) {
         match event {
-            Event::Init => *listing = Some(HashMap::new()),
+            Event::Init => {
+                *listing = Some(HashMap::new());
+                // The re-list says again which keys do not decode; a key gone meanwhile must not
+                // stay reported for ever.
+                crate::lock(&self.undecodable).clear();
+            }
             Event::InitApply(obj) => {
                 let listing = listing.get_or_insert_with(HashMap::new);
                 match self.decoded(obj) {
@@ -1040,6 +1068,25 @@ mod tests {
         assert_eq!(metric.get(), 1);
         assert!(inf.decoded(Decoded::Ok(pod("a", "7", None, None))).is_ok());
         assert_eq!(inf.undecodable(), (vec![], 1));
+    }
+
+    #[test]
+    fn a_panicking_index_function_leaves_one_object_out_of_its_index_only() {
+        let inf = Informer::<Pod>::new(Arc::default(), &InformerCounters::default());
+        inf.add_index("by-name", |p: &Pod| {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            assert!(name != "bad", "index function panics");
+            vec![name]
+        });
+        inf.apply(pod("bad", "1", None, None));
+        inf.apply(pod("good", "2", None, None));
+        assert_eq!(inf.len(), 2, "both cached");
+        assert_eq!(inf.by_index("by-name", "good").len(), 1);
+        assert!(inf.by_index("by-name", "bad").is_empty());
+        assert_eq!(inf.panics(), 1);
+        inf.delete(pod("bad", "3", None, None));
+        assert_eq!(inf.len(), 1);
+        assert_eq!(inf.panics(), 2, "its removal ran the function again");
     }
 
     #[test]

@@ -222,6 +222,8 @@ pub struct Wiring {
     serves: Vec<Serve>,
     spawned: Spawner,
     upstream_stale: UpstreamStale,
+    /// Tasks registered so far (each is named by its number on `/readyz`).
+    tasks: usize,
 }
 
 /// A controller's upstream-named stale-skip counter, if it has one (see
@@ -291,6 +293,7 @@ impl Wiring {
             serves: Vec::new(),
             spawned,
             upstream_stale: UpstreamStale::default(),
+            tasks: 0,
         }
     }
 
@@ -488,26 +491,30 @@ impl Wiring {
     {
         let contain = self.containment("task");
         let metrics = Arc::clone(&self.metrics);
+        let part = format!("task {}", self.tasks);
+        self.tasks = self.tasks.saturating_add(1);
         self.serves.push(Box::new(move |stop: CancellationToken| {
             async move {
                 for panics in 1u32.. {
                     let run = AssertUnwindSafe(async { task(stop.clone()).await })
                         .catch_unwind()
                         .await;
-                    let Err(panic) = run else { return };
+                    let Err(panic) = run else { break };
                     contain.panicked(&*panic);
                     let wait = after_panics(panics);
                     metrics.troubles().set(
                         contain.controller,
-                        "task",
+                        &part,
                         format!("panicked ({panics} so far); restarting in {wait:?}"),
                     );
                     tokio::select! {
-                        _ = stop.cancelled() => return,
+                        _ = stop.cancelled() => break,
                         _ = tokio::time::sleep(wait) => {}
                     }
-                    metrics.troubles().clear(contain.controller, "task");
+                    metrics.troubles().clear(contain.controller, &part);
                 }
+                // Stopped while waiting: a standby reports nothing of this.
+                metrics.troubles().clear(contain.controller, &part);
             }
             .boxed()
         }));
@@ -550,10 +557,16 @@ impl Controller for Wiring {
             } = *self;
             gate.set(true);
             let mut running = Vec::new();
-            for start in starters {
+            for (n, start) in starters.into_iter().enumerate() {
                 if !contain.call(|| start()) {
-                    let retry =
-                        retry_starter(start, Arc::clone(&contain), metrics.clone(), stop.clone());
+                    let part = format!("starter {n}");
+                    let retry = retry_starter(
+                        start,
+                        part,
+                        Arc::clone(&contain),
+                        metrics.clone(),
+                        stop.clone(),
+                    );
                     running.push(tokio::spawn(retry));
                 }
             }
@@ -574,6 +587,7 @@ impl Controller for Wiring {
 /// is reported on `/readyz` meanwhile.
 async fn retry_starter(
     start: Starter,
+    part: String,
     contain: Arc<Containment>,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
@@ -582,7 +596,7 @@ async fn retry_starter(
         let wait = after_panics(panics);
         metrics.troubles().set(
             contain.controller,
-            "starter",
+            &part,
             format!("panicked ({panics} so far); trying again in {wait:?}"),
         );
         tokio::select! {
@@ -593,7 +607,7 @@ async fn retry_starter(
             break;
         }
     }
-    metrics.troubles().clear(contain.controller, "starter");
+    metrics.troubles().clear(contain.controller, &part);
 }
 
 /// Runs `workers` workers over `queue` until it shuts down, each calling `sync` for a key.
@@ -875,7 +889,7 @@ mod tests {
         assert!(text.contains("result=\"success\""), "{text}");
     }
 
-    /// Issue 30 §3: a sync that panics before its first await, a starter and a task each
+    /// A sync that panics before its first await, a starter and a task each
     /// panic twice; each is counted, the key is served again, the starter is tried again and
     /// the task restarted with backoff, `/readyz`'s troubles say so meanwhile and clear after.
     #[tokio::test(start_paused = true)]
@@ -917,10 +931,10 @@ mod tests {
         assert!(
             troubles
                 .iter()
-                .any(|t| t.starts_with("test-controller: starter panicked (1 so far)"))
+                .any(|t| t.starts_with("test-controller: starter 0 panicked (1 so far)"))
                 && troubles
                     .iter()
-                    .any(|t| t.starts_with("test-controller: task panicked (1 so far)")),
+                    .any(|t| t.starts_with("test-controller: task 0 panicked (1 so far)")),
             "{troubles:?}"
         );
         // 1 s then 2 s of backoff: both succeed on their third try.

@@ -1,9 +1,10 @@
-//! Bounds on the secure port's connections, so that no peer can hold the port: a TLS handshake,
-//! a request's headers and an idle keep-alive connection each get a deadline (kube-apiserver's
-//! secure serving: 32 s for headers, 90 s idle), and the number of open connections is capped.
-//! At the cap a new connection takes the place of the one idle longest, so a flood of idle or
-//! half-sent connections cannot lock out the kubelet's probes or a scrape; it is refused only
-//! when every open connection is serving a request.
+//! Bounds on the secure port's connections, so that no peer can hold the port: a TLS handshake
+//! (10 s), a request's headers (32 s, kube-apiserver's; hyper also applies it to an HTTP/1.1
+//! connection waiting for its next request) and a connection with nothing in flight (90 s, for
+//! HTTP/2) each get a deadline, and the number of open connections is capped. At the cap a new
+//! connection takes the place of the one idle longest, one that never served a request first, so
+//! a flood of idle or half-sent connections cannot lock out the kubelet's probes or a scrape; it
+//! is refused only when every open connection is serving a request.
 
 use crate::meta::clock::far_or;
 use std::collections::HashMap;
@@ -39,6 +40,9 @@ impl Default for Limits {
 struct Entry {
     /// When the connection was accepted or last finished a request.
     since: Instant,
+    /// Whether it ever served a request: one that never did (a flood's, a slow handshake's)
+    /// makes way before a scraper's keep-alive connection.
+    served: bool,
     /// Requests in flight.
     busy: usize,
     close: CancellationToken,
@@ -95,7 +99,7 @@ impl Connections {
             let oldest = open
                 .iter()
                 .filter(|(_, e)| e.busy == 0)
-                .min_by_key(|(_, e)| e.since)
+                .min_by_key(|(_, e)| (e.served, e.since))
                 .map(|(id, _)| *id)?;
             if let Some(e) = open.remove(&oldest) {
                 e.close.cancel();
@@ -107,6 +111,7 @@ impl Connections {
             id,
             Entry {
                 since: Instant::now(),
+                served: false,
                 busy: 0,
                 close: close.clone(),
             },
@@ -128,6 +133,7 @@ impl Conn {
     pub fn begin(&self) -> Busy {
         if let Some(e) = crate::lock(&self.set.open).get_mut(&self.id) {
             e.busy += 1;
+            e.served = true;
         }
         Busy {
             id: self.id,
@@ -196,6 +202,17 @@ mod tests {
         assert!(first.close.is_cancelled(), "the oldest idle one is closed");
         assert!(!second.close.is_cancelled() && !third.close.is_cancelled());
         assert_eq!(set.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_served_makes_way_before_a_scrapers() {
+        let set = Connections::new(limits(2));
+        let scraper = set.admit().unwrap();
+        drop(scraper.begin());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let junk = set.admit().unwrap();
+        let _new = set.admit().unwrap();
+        assert!(junk.close.is_cancelled() && !scraper.close.is_cancelled());
     }
 
     #[tokio::test(start_paused = true)]

@@ -119,6 +119,12 @@ impl<V: Clone> Answers<V> {
     }
 
     fn get(&self, key: &Key) -> Cached<V> {
+        // A fresh refusal wins over an older grant (a revoked token, a binding removed).
+        if let Some((at, ())) = crate::lock(&self.refused).get(key)
+            && at.elapsed() < CACHE_TTL
+        {
+            return Cached::Refused;
+        }
         if let Some((at, v)) = crate::lock(&self.granted).get(key) {
             return if at.elapsed() < CACHE_TTL {
                 Cached::Granted(v.clone())
@@ -128,10 +134,7 @@ impl<V: Clone> Answers<V> {
                 }
             };
         }
-        match crate::lock(&self.refused).get(key) {
-            Some((at, ())) if at.elapsed() < CACHE_TTL => Cached::Refused,
-            _ => Cached::Ask { known: false },
-        }
+        Cached::Ask { known: false }
     }
 
     fn remember(&self, key: Key, answer: Option<V>) {
@@ -140,7 +143,12 @@ impl<V: Clone> Answers<V> {
                 crate::lock(&self.refused).remove(&key);
                 bounded_insert(&mut crate::lock(&self.granted), key, v, KNOWN_FOR);
             }
-            None => bounded_insert(&mut crate::lock(&self.refused), key, (), CACHE_TTL),
+            // Refused now: no longer known either, so its next review waits in the strangers'
+            // lane like any junk.
+            None => {
+                crate::lock(&self.granted).remove(&key);
+                bounded_insert(&mut crate::lock(&self.refused), key, (), CACHE_TTL);
+            }
         }
     }
 }
@@ -445,6 +453,35 @@ pub async fn serve(
     Ok(bound)
 }
 
+pin_project_lite::pin_project! {
+    /// A response body that keeps its connection marked busy until it is dropped.
+    struct Held {
+        #[pin]
+        body: axum::body::Body,
+        _busy: crate::serving::connections::Busy,
+    }
+}
+
+impl http_body::Body for Held {
+    type Data = hyper::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// One connection: the TLS handshake, then HTTP/1.1 or HTTP/2 until the peer closes it, it has
 /// been idle too long, or a newer connection took its place.
 async fn serve_connection(
@@ -469,9 +506,9 @@ async fn serve_connection(
             let (app, busy) = (app.clone(), conn.begin());
             async move {
                 use tower::ServiceExt;
+                // Busy until the body is written: a scrape being sent is not idle.
                 let response = app.oneshot(req.map(axum::body::Body::new)).await;
-                drop(busy);
-                response
+                response.map(|r| r.map(|body| axum::body::Body::new(Held { body, _busy: busy })))
             }
         })
     };
