@@ -907,7 +907,7 @@ async fn installed_image_leads_and_completes_a_job() -> Result<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let (code, body) = https_get(&metrics, "/readyz", None, None).await?;
-            let syncing = code == 503 && body.contains("caches not synced");
+            let syncing = code == 503 && body.contains("[-]caches failed");
             if code == 200 {
                 break;
             }

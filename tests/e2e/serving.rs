@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 /// A ServiceAccount in `ns` and a token for it; with `metrics`, bound to a ClusterRole that may
-/// `get` the non-resource URL /metrics (what a Prometheus scraper is given).
+/// `get` the non-resource URLs /metrics and /readyz/* (what kube's `system:monitoring` grants).
 async fn scraper(ns: &str, name: &str, metrics: bool) -> Result<String> {
     let client = cluster().client().await?;
     let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
@@ -37,7 +37,7 @@ async fn scraper(ns: &str, name: &str, metrics: bool) -> Result<String> {
         let role_name = unique("pilothouse-test-metrics-reader");
         let role: ClusterRole = serde_json::from_value(json!({
             "metadata": {"name": role_name},
-            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+            "rules": [{"nonResourceURLs": ["/metrics", "/readyz/*"], "verbs": ["get"]}]
         }))?;
         Api::<ClusterRole>::all(client.clone())
             .create(&PostParams::default(), &role)
@@ -371,6 +371,25 @@ async fn secure_port_and_controller_identities() -> Result<()> {
             "no {family:?} in the scrape"
         );
     }
+    // Readiness: anyone reads the status and the checks' names; a check's reasons are
+    // authorized as any path (the role above grants /readyz/*, as `system:monitoring` does).
+    let (code, body) = https_get(&addr, "/readyz?verbose", None, None).await?;
+    ensure!(
+        code == 200 && body.contains("[+]caches ok") && body.contains("[+]conflicts ok"),
+        "anonymous /readyz?verbose: {code} {body}"
+    );
+    let (code, body) = https_get(&addr, "/readyz/caches", None, None).await?;
+    ensure!(code == 403, "anonymous /readyz/caches: {code} {body}");
+    let (code, body) = https_get(&addr, "/readyz/caches", Some(&nobody), None).await?;
+    ensure!(
+        code == 403,
+        "/readyz/caches without the role: {code} {body}"
+    );
+    let (code, body) = https_get(&addr, "/readyz/caches", Some(&reader), None).await?;
+    ensure!(
+        code == 200 && body.starts_with("ok\n"),
+        "/readyz/caches for the reader: {code} {body}"
+    );
 
     // The reviews went out as Pilothouse's ServiceAccount, from a client of their own.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -18,21 +18,30 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 use tokio::sync::watch as tokio_watch;
 use tokio_util::sync::CancellationToken;
 
 pub trait Watched:
-    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static
 {
 }
 impl<K> Watched for K where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + Debug
+        + Send
+        + Sync
+        + 'static
 {
 }
 
@@ -132,6 +141,67 @@ pub struct Informer<K> {
     /// Events skipped because taking them panicked; `pilothouse_informer_panics_total`.
     panics_total: AtomicU64,
     panics_counter: Counter,
+    /// Set while the watch is failing (read on every event, so the lock is taken only then).
+    failing: AtomicBool,
+    watch_health: Mutex<WatchHealth>,
+}
+
+/// A watch fails quietly: the stream retries with backoff (at most 30 s apart) and the cache
+/// serves its last state meanwhile. This is what `/readyz` says about it.
+#[derive(Default)]
+struct WatchHealth {
+    /// When the current run of errors began, and how many (any event ends the run).
+    since: Option<Instant>,
+    errors: u64,
+    /// The last error and when.
+    last: Option<(Instant, String)>,
+    /// The watch task ended abnormally and waits to be started again.
+    restarting: bool,
+}
+
+/// An error more recent than this (longer than the watch's longest backoff) means the watch
+/// is failing now.
+const WATCH_ERROR_FRESH: Duration = Duration::from_secs(45);
+/// A run of errors this long makes the cache not ready (shorter ones are an API server
+/// restarting, which every watch rides out).
+const WATCH_FAILING_UNREADY: Duration = Duration::from_secs(60);
+
+/// What is wrong with one watch now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchTrouble {
+    pub resource: String,
+    pub message: String,
+    /// Long enough, or bad enough, to make the process not ready.
+    pub unready: bool,
+}
+
+impl WatchHealth {
+    fn trouble(&self, resource: &str, now: Instant) -> Option<WatchTrouble> {
+        if self.restarting {
+            return Some(WatchTrouble {
+                resource: resource.to_string(),
+                message: "the watch ended abnormally and is being started again".into(),
+                unready: true,
+            });
+        }
+        let (at, error) = self.last.as_ref()?;
+        let since = self.since?;
+        let ago = now.saturating_duration_since(*at);
+        if ago > WATCH_ERROR_FRESH {
+            return None;
+        }
+        let span = at.saturating_duration_since(since);
+        Some(WatchTrouble {
+            resource: resource.to_string(),
+            message: format!(
+                "the watch is failing: {} error(s) in a row over {} s, the last {} s ago: {error}",
+                self.errors,
+                span.as_secs(),
+                ago.as_secs()
+            ),
+            unready: span >= WATCH_FAILING_UNREADY,
+        })
+    }
 }
 
 impl<K: Watched> Informer<K> {
@@ -158,7 +228,37 @@ impl<K: Watched> Informer<K> {
             undecodable_counter: counters.undecodable.get_or_create(&label).clone(),
             panics_total: AtomicU64::new(0),
             panics_counter: counters.panics.get_or_create(&label).clone(),
+            failing: AtomicBool::new(false),
+            watch_health: Mutex::new(WatchHealth::default()),
         }
+    }
+
+    /// What is wrong with the watch now, if anything.
+    pub fn watch_trouble(&self) -> Option<WatchTrouble> {
+        crate::lock(&self.watch_health).trouble(&self.resource, Instant::now())
+    }
+
+    fn watch_failed(&self, error: String) {
+        let now = Instant::now();
+        let mut h = crate::lock(&self.watch_health);
+        h.since.get_or_insert(now);
+        h.errors = h.errors.saturating_add(1);
+        h.last = Some((now, error));
+        self.failing.store(true, Ordering::Release);
+    }
+
+    /// An event arrived: the watch works (again).
+    fn watch_delivered(&self) {
+        if self.failing.swap(false, Ordering::AcqRel) {
+            let mut h = crate::lock(&self.watch_health);
+            h.since = None;
+            h.errors = 0;
+            h.last = None;
+        }
+    }
+
+    fn watch_restarting(&self, restarting: bool) {
+        crate::lock(&self.watch_health).restarting = restarting;
     }
 
     /// The resource's plural name (e.g. `pods`).
@@ -501,6 +601,7 @@ impl<K: Watched> Informer<K> {
             };
             match event {
                 Ok(event) => {
+                    self.watch_delivered();
                     let key = match &event {
                         Event::InitApply(o) | Event::Apply(o) | Event::Delete(o) => {
                             Some(object_key(o))
@@ -519,7 +620,8 @@ impl<K: Watched> Informer<K> {
                     return Watch::Refused;
                 }
                 Err(e) => {
-                    tracing::warn!(resource = %self.resource, error = %e, "watch failed; retrying with backoff")
+                    tracing::warn!(resource = %self.resource, error = %e, "watch failed; retrying with backoff");
+                    self.watch_failed(e.to_string());
                 }
             }
         }
@@ -569,9 +671,14 @@ impl<K: Watched> Informer<K> {
     /// What the cache keeps of an object: the observers see it whole, then it loses its
     /// managedFields and goes through its type's transform (e.g. the pod projection).
     fn strip(&self, mut obj: K) -> K {
-        for o in crate::read(&self.transforms.observers).iter() {
-            o.observe(&self.resource, obj.meta());
+        let observers = crate::read(&self.transforms.observers);
+        if !observers.is_empty() {
+            let changed = |part: Part| self.changed_since_cached(&obj, part);
+            for o in observers.iter() {
+                o.observe(&self.resource, obj.meta(), &changed);
+            }
         }
+        drop(observers);
         obj.meta_mut().managed_fields = None;
         shrink_meta(obj.meta_mut());
         if let Some(f) = self.transforms.of::<K>() {
@@ -579,12 +686,47 @@ impl<K: Watched> Informer<K> {
         }
         obj
     }
+
+    /// Whether `part` of `obj` differs from the cached copy of its key (the state before this
+    /// event). An object the cache does not hold yet has nothing to differ from: `false`.
+    /// Serializes both, so it is for the rare caller (an observer that found something to check).
+    fn changed_since_cached(&self, obj: &K, part: Part) -> bool {
+        let Some(old) = self.get(&object_key(obj)) else {
+            return false;
+        };
+        let view = |o: &K| {
+            let serde_json::Value::Object(mut m) = serde_json::to_value(o).unwrap_or_default()
+            else {
+                return serde_json::Value::Null;
+            };
+            match part {
+                Part::Status => m.remove("status").unwrap_or_default(),
+                Part::Content => {
+                    m.remove("metadata");
+                    m.remove("status");
+                    serde_json::Value::Object(m)
+                }
+            }
+        };
+        view(&old) != view(obj)
+    }
+}
+
+/// A part of an object an observer may ask about: did this event change it?
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// `.status`: what a write to the status subresource changes.
+    Status,
+    /// Everything but `metadata` and `status`: what a write to the object itself changes.
+    Content,
 }
 
 /// Sees every object's metadata as a watch delivers it, managedFields included, before the
-/// cache drops them (the kube-controller-manager double-run guard is one).
+/// cache drops them (the kube-controller-manager double-run guard is one). `changed` says whether
+/// this event changed a part of the object since the cached copy: managedFields are whatever a
+/// writer sent, the change itself is the API server's.
 pub trait MetaObserver: Send + Sync {
-    fn observe(&self, resource: &str, meta: &ObjectMeta);
+    fn observe(&self, resource: &str, meta: &ObjectMeta, changed: &dyn Fn(Part) -> bool);
 }
 
 /// A type's transform: changes an object in place before it is cached.
@@ -646,6 +788,7 @@ trait AnyInformer: Send + Sync {
     fn namespace(&self) -> Option<String>;
     fn undecodable(&self) -> (Vec<String>, u64);
     fn panics(&self) -> u64;
+    fn watch_trouble(&self) -> Option<WatchTrouble>;
 }
 
 struct Entry<K> {
@@ -686,6 +829,9 @@ impl<K: Watched> AnyInformer for Entry<K> {
     fn panics(&self) -> u64 {
         self.informer.panics()
     }
+    fn watch_trouble(&self) -> Option<WatchTrouble> {
+        self.informer.watch_trouble()
+    }
     fn start(&self, client: Client, stop: CancellationToken) {
         if self.started.swap(true, Ordering::AcqRel) {
             return;
@@ -714,12 +860,14 @@ async fn supervise<K: Watched>(
                 tracing::error!(resource = %informer.resource, error = %e, "the watch ended abnormally; starting it again in 1s");
                 informer.panics_total.fetch_add(1, Ordering::Relaxed);
                 informer.panics_counter.inc();
+                informer.watch_restarting(true);
             }
         }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
         }
+        informer.watch_restarting(false);
     }
 }
 
@@ -876,6 +1024,14 @@ impl Informers {
             .collect()
     }
 
+    /// Watches failing now or being started again.
+    pub fn watch_troubles(&self) -> Vec<WatchTrouble> {
+        crate::lock(&self.entries)
+            .iter()
+            .filter_map(|(_, e)| e.watch_trouble())
+            .collect()
+    }
+
     /// Resources whose first list has not completed.
     pub fn unsynced(&self) -> Vec<String> {
         crate::lock(&self.entries)
@@ -961,6 +1117,88 @@ mod tests {
             l.lock().unwrap().push(s);
         });
         log
+    }
+
+    /// A run of watch errors is told while fresh, fails readiness once it spans a minute, and is
+    /// forgotten 45 s after the last (a quiet watch that reconnected delivers nothing to end it).
+    #[test]
+    fn a_failing_watch_is_told_and_unready_after_a_minute() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut h = WatchHealth::default();
+        assert_eq!(h.trouble("leases", at(0)), None);
+        h.since = Some(at(0));
+        h.errors = 1;
+        h.last = Some((at(0), "connection refused".into()));
+        let t = h.trouble("leases", at(10)).expect("failing");
+        assert!(!t.unready, "{t:?}");
+        assert!(
+            t.message
+                .contains("1 error(s) in a row over 0 s, the last 10 s ago: connection refused"),
+            "{t:?}"
+        );
+        assert_eq!(
+            h.trouble("leases", at(46)),
+            None,
+            "an old error is not a failing watch"
+        );
+        h.errors = 4;
+        h.last = Some((at(61), "connection refused".into()));
+        assert!(h.trouble("leases", at(70)).expect("failing").unready);
+        h.restarting = true;
+        assert!(h.trouble("leases", at(500)).expect("restarting").unready);
+    }
+
+    /// What the observers are told changed: against the cached copy, by part, and nothing for
+    /// an object the cache does not hold.
+    #[test]
+    fn observers_are_told_which_part_an_event_changed() {
+        use k8s_openapi::api::batch::v1::{Job, JobSpec, JobStatus};
+        struct Told(Mutex<Vec<(bool, bool)>>);
+        impl MetaObserver for Told {
+            fn observe(&self, _: &str, _: &ObjectMeta, changed: &dyn Fn(Part) -> bool) {
+                crate::lock(&self.0).push((changed(Part::Status), changed(Part::Content)));
+            }
+        }
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        let informers =
+            crate::cache::registry(Client::try_from(config).unwrap(), CancellationToken::new());
+        let told = Arc::new(Told(Mutex::new(Vec::new())));
+        informers.observe(Arc::clone(&told) as Arc<dyn MetaObserver>);
+        let jobs = informers.get::<Job>();
+        let job = |rv: &str, parallelism: i32, active: i32| Job {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some("j".into()),
+                resource_version: Some(rv.into()),
+                managed_fields: Some(vec![ManagedFieldsEntry {
+                    manager: Some(rv.into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            spec: Some(JobSpec {
+                parallelism: Some(parallelism),
+                ..Default::default()
+            }),
+            status: Some(JobStatus {
+                active: Some(active),
+                ..Default::default()
+            }),
+        };
+        jobs.testkit_apply(job("1", 1, 0));
+        jobs.testkit_apply(job("2", 1, 1));
+        jobs.testkit_apply(job("3", 2, 1));
+        jobs.testkit_apply(job("4", 2, 1));
+        assert_eq!(
+            *crate::lock(&told.0),
+            vec![(false, false), (true, false), (false, true), (false, false)],
+            "new; status; spec; only metadata"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! ([`REASON`]), `pilothouse_conflicting_writes_total`, and `/readyz` failing with the
 //! controller, object and time for 10 minutes after the last one.
 
-use crate::cache::informers::MetaObserver;
+use crate::cache::informers::{MetaObserver, Part};
 use crate::meta::clock::unix_now;
 use crate::runtime::events::EventRecorder;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -171,15 +171,29 @@ impl Conflicts {
         self.armed_since.store(now.unwrap_or(0), Ordering::Release);
     }
 
-    /// Looks at an object of `resource` as the watch delivered it, managedFields included.
-    pub fn observe(&self, resource: &str, meta: &ObjectMeta) {
-        self.observe_at(resource, meta, unix_now());
+    /// Looks at an object of `resource` as the watch delivered it, managedFields included;
+    /// `changed` says whether this event changed a part of it since the cached copy.
+    pub fn observe(&self, resource: &str, meta: &ObjectMeta, changed: &dyn Fn(Part) -> bool) {
+        self.observe_at(resource, meta, changed, unix_now());
     }
 
     /// [`Self::observe`] at `now` (Unix seconds). Writes older than [`REPORT_SECONDS`] are not
     /// counted: a relist delivers them again long after they were seen, and the record of what
     /// was counted keeps only the last ten minutes.
-    fn observe_at(&self, resource: &str, meta: &ObjectMeta, now: i64) {
+    ///
+    /// managedFields are whatever a writer sent: anyone who may update a Job can send an entry
+    /// naming kube-controller-manager and the status subresource. What only a real write to the
+    /// subresource does is change that part of the object, which a write to the object itself
+    /// cannot (the API server keeps the old status). So a kcm entry counts only in the event
+    /// that brings it (newer than any seen for the object) together with a change of the part it
+    /// claims; one that comes without is remembered as seen, logged at debug, and never counted.
+    fn observe_at(
+        &self,
+        resource: &str,
+        meta: &ObjectMeta,
+        changed: &dyn Fn(Part) -> bool,
+        now: i64,
+    ) {
         let armed = self.armed_since.load(Ordering::Acquire);
         // Pruned on every object seen, not only on a conflict, so the record empties once kcm
         // stops writing.
@@ -221,14 +235,27 @@ impl Conflicts {
                         continue;
                     }
                 }
-                self.record(o, meta, at, now);
+                let part = if o.subresource == "status" {
+                    Part::Status
+                } else {
+                    Part::Content
+                };
+                self.record(o, meta, at, now, || changed(part));
             }
         }
     }
 
     /// Counts one conflicting write; the error log and the Warning event come at most once per
     /// object every [`REPORT_SECONDS`], so kcm writing an object in a loop cannot flood either.
-    fn record(&self, o: Owned, meta: &ObjectMeta, at: i64, now: i64) {
+    /// The write counts only if `corroborated` (asked once the write is known to be new).
+    fn record(
+        &self,
+        o: Owned,
+        meta: &ObjectMeta,
+        at: i64,
+        now: i64,
+        corroborated: impl FnOnce() -> bool,
+    ) {
         let key = match (&meta.namespace, &meta.name) {
             (Some(ns), Some(n)) => format!("{ns}/{n}"),
             (None, Some(n)) => n.clone(),
@@ -237,25 +264,33 @@ impl Conflicts {
         let report = {
             let mut counted = crate::lock(&self.counted);
             counted.prune(now);
-            let seen = counted.seen.entry((o.controller, key.clone()));
-            match seen {
-                std::collections::hash_map::Entry::Occupied(mut e) => {
-                    let s = e.get_mut();
-                    if s.at >= at {
-                        return;
-                    }
-                    s.at = at;
-                    let report = now.saturating_sub(s.reported) >= REPORT_SECONDS;
-                    if report {
-                        s.reported = now;
-                    }
-                    report
-                }
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(Seen { at, reported: now });
-                    true
-                }
+            let seen = counted
+                .seen
+                .entry((o.controller, key.clone()))
+                .or_insert(Seen {
+                    at: i64::MIN,
+                    reported: i64::MIN,
+                });
+            if seen.at >= at {
+                return;
             }
+            // Seen either way: a claim that came without its change must not count later, when
+            // another writer's change to the same part arrives with the claim still in place.
+            seen.at = at;
+            if !corroborated() {
+                tracing::debug!(
+                    controller = o.controller,
+                    object = %key,
+                    written_at = at,
+                    "a managedFields entry names {KCM_MANAGER} but the write changed nothing it claims: another client wrote the entry; not counted"
+                );
+                return;
+            }
+            let report = now.saturating_sub(seen.reported) >= REPORT_SECONDS;
+            if report {
+                seen.reported = now;
+            }
+            report
         };
         let subject = if o.subresource.is_empty() {
             o.resource.to_string()
@@ -324,8 +359,8 @@ impl Conflicts {
 
 /// The caches show the guard every object as it arrives, managedFields included.
 impl MetaObserver for Conflicts {
-    fn observe(&self, resource: &str, meta: &ObjectMeta) {
-        Conflicts::observe(self, resource, meta);
+    fn observe(&self, resource: &str, meta: &ObjectMeta, changed: &dyn Fn(Part) -> bool) {
+        Conflicts::observe(self, resource, meta, changed);
     }
 }
 
@@ -337,6 +372,11 @@ mod tests {
 
     /// The tests' clock (Unix seconds): their writes are within the last ten minutes of it.
     const NOW: i64 = 2_000;
+
+    /// An event that changed what its entries claim (a real write to that part).
+    fn changed(c: &Conflicts, resource: &str, m: &ObjectMeta, now: i64) {
+        c.observe_at(resource, m, &|_| true, now);
+    }
 
     fn entry(manager: &str, sub: &str, at: i64, fields: serde_json::Value) -> ManagedFieldsEntry {
         ManagedFieldsEntry {
@@ -370,7 +410,8 @@ mod tests {
         c.guard("job-controller", None);
         let status = serde_json::json!({"f:status": {"f:active": {}}});
         // Not leading: nothing counts.
-        c.observe_at(
+        changed(
+            &c,
             "jobs",
             &meta(
                 vec![entry(KCM_MANAGER, "status", 2_000, status.clone())],
@@ -381,7 +422,8 @@ mod tests {
         assert_eq!(c.recent(2_000), None);
         c.arm(Some(1_000));
         // Before the take-over (plus the grace), another manager, another subresource: no.
-        c.observe_at(
+        changed(
+            &c,
             "jobs",
             &meta(
                 vec![entry(KCM_MANAGER, "status", 1_001, status.clone())],
@@ -389,7 +431,8 @@ mod tests {
             ),
             NOW,
         );
-        c.observe_at(
+        changed(
+            &c,
             "jobs",
             &meta(
                 vec![entry("pilothouse", "status", 2_000, status.clone())],
@@ -397,12 +440,14 @@ mod tests {
             ),
             NOW,
         );
-        c.observe_at(
+        changed(
+            &c,
             "jobs",
             &meta(vec![entry(KCM_MANAGER, "", 2_000, status.clone())], &[]),
             NOW,
         );
-        c.observe_at(
+        changed(
+            &c,
             "pods",
             &meta(
                 vec![entry(KCM_MANAGER, "status", 2_000, status.clone())],
@@ -413,8 +458,8 @@ mod tests {
         assert_eq!(c.recent(2_000), None);
         // kcm's job controller writing a Job's status while we run it: counted once.
         let m = meta(vec![entry(KCM_MANAGER, "status", 1_500, status)], &[]);
-        c.observe_at("jobs", &m, NOW);
-        c.observe_at("jobs", &m, NOW);
+        changed(&c, "jobs", &m, NOW);
+        changed(&c, "jobs", &m, NOW);
         let got = c.recent(1_600).expect("conflict");
         assert_eq!(
             (got.controller, got.key.as_str(), got.resource.as_str()),
@@ -431,7 +476,8 @@ mod tests {
         assert!(c.recent(1_501 + REPORT_SECONDS).is_none());
         // Disarmed: nothing more.
         c.arm(None);
-        c.observe_at(
+        changed(
+            &c,
             "jobs",
             &meta(
                 vec![entry(KCM_MANAGER, "status", 1_900, serde_json::json!({}))],
@@ -440,6 +486,78 @@ mod tests {
             NOW,
         );
         assert_eq!(c.counter.get_or_create(&labels).get(), 1);
+    }
+
+    /// A tenant's update of the Job itself carrying a kcm status entry changes no
+    /// status, so it is not counted, neither then nor when our own status write arrives with the
+    /// forged entry still there; kcm's next real status write (a newer entry that comes with a
+    /// status change) is.
+    #[test]
+    fn a_forged_entry_without_its_change_never_counts() {
+        let c = Conflicts::default();
+        c.guard("job-controller", None);
+        c.arm(Some(1_000));
+        let status = serde_json::json!({"f:status": {"f:active": {}}});
+        let forged = meta(
+            vec![entry(KCM_MANAGER, "status", 1_500, status.clone())],
+            &[],
+        );
+        let asked = std::cell::RefCell::new(Vec::new());
+        c.observe_at(
+            "jobs",
+            &forged,
+            &|p| {
+                asked.borrow_mut().push(p);
+                false
+            },
+            NOW,
+        );
+        assert_eq!(
+            *asked.borrow(),
+            vec![Part::Status],
+            "asked about the status"
+        );
+        assert_eq!(c.recent(NOW), None, "a forged entry counted");
+        // Our controller writes the status next: the status changed, the entry did not.
+        changed(&c, "jobs", &forged, NOW);
+        assert_eq!(c.recent(NOW), None, "a forged entry counted later");
+        // kcm's real write: a newer entry that comes with its change.
+        let real = meta(vec![entry(KCM_MANAGER, "status", 1_600, status)], &[]);
+        changed(&c, "jobs", &real, NOW);
+        assert_eq!(c.recent(NOW).map(|c| c.at), Some(1_600));
+    }
+
+    /// EndpointSlices have no status: a claim on the object itself needs a change outside
+    /// metadata.
+    #[test]
+    fn a_slice_claim_asks_about_the_content() {
+        let c = Conflicts::default();
+        c.guard("endpointslice-controller", None);
+        c.arm(Some(1_000));
+        let m = meta(
+            vec![entry(
+                KCM_MANAGER,
+                "",
+                1_500,
+                serde_json::json!({"f:endpoints": {}}),
+            )],
+            &[(
+                "endpointslice.kubernetes.io/managed-by",
+                "endpointslice-controller.k8s.io",
+            )],
+        );
+        let asked = std::cell::RefCell::new(Vec::new());
+        c.observe_at(
+            "endpointslices",
+            &m,
+            &|p| {
+                asked.borrow_mut().push(p);
+                false
+            },
+            NOW,
+        );
+        assert_eq!(*asked.borrow(), vec![Part::Content]);
+        assert_eq!(c.recent(NOW), None);
     }
 
     #[tokio::test]
@@ -459,7 +577,7 @@ mod tests {
             &[],
         );
         m.uid = Some("uid-1".into());
-        c.observe_at("jobs", &m, NOW);
+        changed(&c, "jobs", &m, NOW);
         // Events are written in the background.
         let mut written = Vec::new();
         for _ in 0..200 {
@@ -511,14 +629,14 @@ mod tests {
         let status = serde_json::json!({"f:status": {}});
         let write = |at: i64| meta(vec![entry(KCM_MANAGER, "status", at, status.clone())], &[]);
         for at in [1_500, 1_510, 1_520, 1_530] {
-            c.observe_at("jobs", &write(at), at);
+            changed(&c, "jobs", &write(at), at);
         }
         // Ten minutes after the first report, the next write is reported again.
-        c.observe_at("jobs", &write(2_100), 2_100);
+        changed(&c, "jobs", &write(2_100), 2_100);
         // Written more than ten minutes ago (a relist delivering it late): not counted.
         let mut other = write(1_400);
         other.name = Some("y".into());
-        c.observe_at("jobs", &other, 2_100);
+        changed(&c, "jobs", &other, 2_100);
         let labels = ConflictLabels {
             controller: "job-controller".into(),
             manager: KCM_MANAGER.into(),
@@ -549,7 +667,7 @@ mod tests {
         assert_eq!(crate::lock(&c.counted).seen.len(), 1);
         let mut third = write(2_800);
         third.name = Some("z".into());
-        c.observe_at("jobs", &third, 2_800);
+        changed(&c, "jobs", &third, 2_800);
         let seen = crate::lock(&c.counted);
         assert_eq!(
             seen.seen
@@ -567,7 +685,8 @@ mod tests {
         c.guard("endpointslice-controller", None);
         c.arm(Some(1_000));
         // attach-detach writes volumesAttached in nodes/status: not node lifecycle.
-        c.observe_at(
+        changed(
+            &c,
             "nodes",
             &meta(
                 vec![entry(
@@ -585,7 +704,8 @@ mod tests {
             "endpointslice.kubernetes.io/managed-by",
             "endpointslicemirroring-controller.k8s.io",
         )];
-        c.observe_at(
+        changed(
+            &c,
             "endpointslices",
             &meta(
                 vec![entry(KCM_MANAGER, "", 1_500, serde_json::json!({}))],
@@ -594,7 +714,8 @@ mod tests {
             NOW,
         );
         assert_eq!(c.recent(1_500), None);
-        c.observe_at(
+        changed(
+            &c,
             "nodes",
             &meta(
                 vec![entry(
@@ -615,7 +736,8 @@ mod tests {
             "endpointslice.kubernetes.io/managed-by",
             "endpointslice-controller.k8s.io",
         )];
-        c.observe_at(
+        changed(
+            &c,
             "endpointslices",
             &meta(
                 vec![entry(KCM_MANAGER, "", 1_600, serde_json::json!({}))],

@@ -6,7 +6,7 @@ use crate::election::LeaderElector;
 use crate::metrics::Metrics;
 use crate::runtime::conflicts::Conflicts;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -32,53 +32,133 @@ async fn healthz(State(h): State<Health>) -> impl IntoResponse {
     }
 }
 
-/// Ready once every shared cache has listed, leader or not, so standbys stay Ready; not ready
-/// while kube-controller-manager is seen running one of our controllers (10 minutes after its
-/// last such write), so the conflict shows wherever readiness is watched, nor while a part of a
-/// controller is failing (a starter retrying after a panic, a task waiting to restart).
-async fn readyz(State(h): State<Health>) -> impl IntoResponse {
+/// One readiness check: its reasons, and whether they fail it.
+struct Check {
+    name: &'static str,
+    /// Why it fails, with the status it fails with; `None`: it passes.
+    failed: Option<(StatusCode, String)>,
+    /// What is worth knowing although it passes.
+    warnings: Vec<String>,
+}
+
+/// The checks, in the order they are listed:
+/// - `caches`: every shared cache has listed once (leader or not, so standbys stay ready) and no
+///   watch has been failing for a minute or is being started again; skipped objects and events
+///   are warnings (the rest is served).
+/// - `controllers`: no part of a leading controller is failing (a starter retrying after a
+///   panic, a task waiting to restart), which the process would otherwise hide behind its Lease.
+/// - `conflicts`: kube-controller-manager is not seen running one of our controllers (10
+///   minutes after its last such write), so the conflict shows wherever readiness is watched.
+fn checks(h: &Health) -> Vec<Check> {
+    let mut caches = Check {
+        name: "caches",
+        failed: None,
+        warnings: Vec::new(),
+    };
     let unsynced = h.informers.unsynced();
-    if let Some(c) = h.conflicts.recent(crate::meta::clock::unix_now()) {
-        return (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            // Which object is in the log and the Warning event: /readyz is open to anyone, and
-            // a tenant's object names are not theirs to read here.
-            format!(
-                "conflicting controller manager: {} wrote {} at {} (Unix seconds) while {} runs here; turn it off in kube-controller-manager (the object is named in the log and its Warning event)\n",
-                c.manager, c.resource, c.at, c.controller
-            ),
-        );
+    let mut failing = Vec::new();
+    for w in h.informers.watch_troubles() {
+        let line = format!("{}: {}", w.resource, w.message);
+        if w.unready {
+            failing.push(line);
+        } else {
+            caches.warnings.push(line);
+        }
+    }
+    if !unsynced.is_empty() {
+        failing.insert(0, format!("not synced: {}", unsynced.join(", ")));
+    }
+    if !failing.is_empty() {
+        caches.failed = Some((StatusCode::SERVICE_UNAVAILABLE, failing.join("; ")));
+    }
+    for (resource, skipped) in h.informers.panics() {
+        caches.warnings.push(format!(
+            "{resource}: {skipped} watch event(s) skipped because taking them into the cache panicked (see the log)"
+        ));
+    }
+    for (resource, now, total) in h.informers.undecodable() {
+        caches.warnings.push(format!(
+            "{resource}: {now} object(s) skipped now because they do not decode ({total} skips since start; the keys are in the log)"
+        ));
     }
     let troubles = h.metrics.troubles().list();
-    if unsynced.is_empty() && !troubles.is_empty() {
-        // A starter or task of a leading controller that keeps panicking: the process holds the
-        // Lease while that part does nothing, which readiness must not hide.
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not healthy: {}\n", troubles.join("; ")),
-        );
+    let controllers = Check {
+        name: "controllers",
+        failed: (!troubles.is_empty())
+            .then(|| (StatusCode::SERVICE_UNAVAILABLE, troubles.join("; "))),
+        warnings: Vec::new(),
+    };
+    let conflicts = Check {
+        name: "conflicts",
+        // The object is named in the log and its Warning event: a tenant's object names are not
+        // for every reader of this endpoint.
+        failed: h.conflicts.recent(crate::meta::clock::unix_now()).map(|c| {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "conflicting controller manager: {} wrote {} at {} (Unix seconds) while {} runs here; turn it off in kube-controller-manager (the object is named in the log and its Warning event)",
+                    c.manager, c.resource, c.at, c.controller
+                ),
+            )
+        }),
+        warnings: Vec::new(),
+    };
+    vec![caches, controllers, conflicts]
+}
+
+/// `/readyz`, open to anyone (an always-allowed path, for the kubelet's probe): the status and,
+/// when not ready or asked with `?verbose`, each check passed or failed with its reason
+/// withheld, as kube-apiserver words it. The reasons are at `/readyz/<check>`, which the secure
+/// port authorizes as any other path (kube's `system:monitoring` role grants `/readyz/*`).
+async fn readyz(State(h): State<Health>, uri: axum::http::Uri) -> impl IntoResponse {
+    let verbose = uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|p| p == "verbose" || p.starts_with("verbose="))
+    });
+    let checks = checks(&h);
+    // A conflict is a 500 (kcm at work), anything else a 503 (not yet, or not now).
+    let code = checks
+        .iter()
+        .filter_map(|c| c.failed.as_ref().map(|(code, _)| *code))
+        .max_by_key(|c| c.as_u16() == 500)
+        .unwrap_or(StatusCode::OK);
+    if code == StatusCode::OK && !verbose {
+        return (code, "ok\n".to_string());
     }
-    if unsynced.is_empty() {
-        // Skipped objects do not make the process unready (the rest is served); the keys are in
-        // the log and the count in pilothouse_undecodable_objects_total, not here for anyone.
-        let mut body = "ok\n".to_string();
-        for (resource, skipped) in h.informers.panics() {
-            body.push_str(&format!(
-                "warning: {resource}: {skipped} watch event(s) skipped because taking them into the cache panicked (see the log)\n"
-            ));
+    let mut body = String::new();
+    for c in &checks {
+        match c.failed {
+            None => body.push_str(&format!("[+]{} ok\n", c.name)),
+            Some(_) => body.push_str(&format!(
+                "[-]{} failed: reason withheld (GET /readyz/{} with authorization tells it)\n",
+                c.name, c.name
+            )),
         }
-        for (resource, now, total) in h.informers.undecodable() {
-            body.push_str(&format!(
-                "warning: {resource}: {now} object(s) skipped now because they do not decode ({total} skips since start; the keys are in the log)\n"
-            ));
-        }
-        (StatusCode::OK, body)
+    }
+    body.push_str(if code == StatusCode::OK {
+        "readyz check passed\n"
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("caches not synced: {}\n", unsynced.join(", ")),
-        )
+        "readyz check failed\n"
+    });
+    (code, body)
+}
+
+/// `/readyz/<check>`: one check with its reasons and warnings, for authorized callers.
+async fn readyz_check(State(h): State<Health>, Path(name): Path<String>) -> impl IntoResponse {
+    let Some(c) = checks(&h).into_iter().find(|c| c.name == name) else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("no check {name:?}: caches, controllers or conflicts\n"),
+        );
+    };
+    let (code, mut body) = match c.failed {
+        None => (StatusCode::OK, "ok\n".to_string()),
+        Some((code, reason)) => (code, format!("failed: {reason}\n")),
+    };
+    for w in c.warnings {
+        body.push_str(&format!("warning: {w}\n"));
     }
+    (code, body)
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
@@ -96,6 +176,7 @@ pub fn router(health: Health) -> Router {
         .route("/healthz", get(healthz))
         .route("/livez", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/readyz/{check}", get(readyz_check))
         .route("/metrics", get(metrics))
         .with_state(health)
 }
@@ -118,4 +199,75 @@ pub async fn serve(
         }
     });
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::batch::v1::Job;
+
+    async fn get(h: &Health, path: &str) -> (u16, String) {
+        let uri: axum::http::Uri = path.parse().unwrap();
+        let response = match uri.path().strip_prefix("/readyz/") {
+            Some(check) => readyz_check(State(h.clone()), Path(check.to_string()))
+                .await
+                .into_response(),
+            None => readyz(State(h.clone()), uri).await.into_response(),
+        };
+        let code = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (code, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    /// Anyone reads the status and the checks' names; the reasons only at `/readyz/<check>`.
+    #[tokio::test]
+    async fn the_reasons_are_withheld_from_readyz_and_told_per_check() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let informers = crate::cache::registry(
+            kube::Client::try_from(config).unwrap(),
+            CancellationToken::new(),
+        );
+        let jobs = informers.get::<Job>();
+        let h = Health {
+            metrics: Metrics::new(),
+            informers: Arc::clone(&informers),
+            conflicts: Arc::default(),
+            elector: None,
+        };
+        let (code, body) = get(&h, "/readyz").await;
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("[-]caches failed: reason withheld"), "{body}");
+        assert!(body.contains("[+]controllers ok") && body.contains("[+]conflicts ok"));
+        assert!(!body.contains("jobs"), "a reason on /readyz: {body}");
+        let (code, body) = get(&h, "/readyz/caches").await;
+        assert_eq!((code, body.as_str()), (503, "failed: not synced: jobs\n"));
+
+        jobs.testkit_mark_synced();
+        h.metrics
+            .troubles()
+            .set("job-controller", "starter 0", "panicked; retrying".into());
+        let (code, body) = get(&h, "/readyz").await;
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("[+]caches ok") && body.contains("[-]controllers failed"));
+        let (code, body) = get(&h, "/readyz/controllers").await;
+        assert_eq!(code, 503);
+        assert!(
+            body.contains("job-controller: starter 0 panicked"),
+            "{body}"
+        );
+        h.metrics.troubles().clear("job-controller", "starter 0");
+
+        let (code, body) = get(&h, "/readyz").await;
+        assert_eq!((code, body.as_str()), (200, "ok\n"));
+        let (code, body) = get(&h, "/readyz?verbose").await;
+        assert_eq!(code, 200);
+        assert_eq!(
+            body,
+            "[+]caches ok\n[+]controllers ok\n[+]conflicts ok\nreadyz check passed\n"
+        );
+        let (code, _) = get(&h, "/readyz/nonsense").await;
+        assert_eq!(code, 404);
+    }
 }
