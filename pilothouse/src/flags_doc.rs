@@ -67,6 +67,43 @@ pub fn render(command: &clap::Command) -> String {
             help.replace('|', "\\|")
         ));
     }
+    out.push_str(&gates());
+    out
+}
+
+/// The feature gates the replaced controllers read: kube-controller-manager 1.37's stage and
+/// default (from `kcm-vocabulary.txt`) and what Pilothouse does with each.
+fn gates() -> String {
+    use shared::process::flags::{GateSupport, gate_rows};
+    let mut out = "\n## Feature gates\n\n\
+        `--feature-gates` takes every gate of kube-controller-manager 1.37, with its words for an \
+        unknown name, a value that is not a boolean, or a locked gate set off its default. These are \
+        the gates that kube-controller-manager's code of the replaced controllers reads. Any other \
+        gate is accepted and changes nothing in Pilothouse. A value whose behaviour Pilothouse lacks \
+        is refused at start, with the reason. To get that behaviour, run the controller in \
+        kube-controller-manager.\n\n\
+        | gate | stage in 1.37 | default | read by | Pilothouse |\n|---|---|---|---|---|\n"
+        .to_string();
+    for r in gate_rows() {
+        let support = match r.support {
+            GateSupport::Honoured => {
+                "honoured: both values behave as kube-controller-manager's".to_string()
+            }
+            GateSupport::OnOnly(why) => format!("`true` only ({why})"),
+            GateSupport::OffOnly(why) if r.default => format!(
+                "`false` only ({why}). `true` is kube-controller-manager's default, so it is accepted with a warning: this is a divergence"
+            ),
+            GateSupport::OffOnly(why) => format!("`false` only ({why})"),
+        };
+        out.push_str(&format!(
+            "| `{}` | {}{} | `{}` | {} | {support} |\n",
+            r.name,
+            r.stage,
+            if r.locked { ", locked" } else { "" },
+            r.default,
+            r.readers.join(", ")
+        ));
+    }
     out
 }
 

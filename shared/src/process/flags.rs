@@ -25,24 +25,158 @@ pub enum FlagError {
     FeatureGate(String),
 }
 
-impl FeatureGates {
-    const KNOWN: &'static [&'static str] = &["TaintTolerationComparisonOperators"];
-    /// Gates of kube-controller-manager 1.37 for behaviour Pilothouse always has (spec
-    /// `statefulset-endpointslice.md` §0): accepted, as kcm accepts them, logged and ignored.
-    const ALWAYS_ON: &'static [&'static str] = &[
-        "MaxUnavailableStatefulSet",
-        "StatefulSetSemanticRevisionComparison",
-        "StaleControllerConsistencyStatefulSet",
-        "StatefulSetStartOrdinal",
-        "StatefulSetAutoDeletePVC",
-        "PodIndexLabel",
-        "PreferSameTrafficDistribution",
-    ];
-    /// Gates for behaviour Pilothouse does not have (off upstream too): accepted and logged.
-    const NOT_BUILT: &'static [&'static str] = &["StatefulSetRecreateStrategy"];
+/// How Pilothouse treats a gate that a controller it replaces reads (at kcm 1.37's default
+/// unless the operator sets it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateSupport {
+    /// Both values behave as kube-controller-manager's.
+    Honoured,
+    /// Pilothouse has only the behaviour with the gate on: off is refused, with the reason.
+    OnOnly(&'static str),
+    /// Pilothouse has only the behaviour with the gate off: on is refused, with the reason (or,
+    /// where on is kcm's default, accepted with a warning that names the divergence).
+    OffOnly(&'static str),
+}
 
-    /// Parses `Name=bool,...` as kube-controller-manager's `--feature-gates` does; an unknown name
-    /// or a non-boolean value is an error.
+/// Every gate that kube-controller-manager 1.37's code of the replaced controllers reads (the
+/// `reads` column of `kcm-vocabulary.txt`; a test keeps the two equal), and what Pilothouse does
+/// with it.
+pub const GATE_SUPPORT: &[(&str, GateSupport)] = &[
+    (
+        "JobManagedBy",
+        GateSupport::OnOnly(
+            "Pilothouse always leaves a Job whose spec.managedBy names another controller alone",
+        ),
+    ),
+    (
+        "MaxUnavailableStatefulSet",
+        GateSupport::OnOnly(
+            "Pilothouse always honours a StatefulSet's rollingUpdate.maxUnavailable",
+        ),
+    ),
+    (
+        "MutableSchedulingDirectivesForSuspendedJobs",
+        GateSupport::OnOnly(
+            "Pilothouse always clears the startTime of a Job it suspends, as JR-44 says",
+        ),
+    ),
+    (
+        "NodeControllerLeaseCircuitBreaker",
+        GateSupport::OffOnly(
+            "not built: Pilothouse marks a node unreachable from its cached Lease, without first reading the live one",
+        ),
+    ),
+    (
+        "PreferSameTrafficDistribution",
+        GateSupport::OnOnly(
+            "Pilothouse always gives hints for trafficDistribution PreferSameZone and PreferSameNode",
+        ),
+    ),
+    (
+        "SeparateTaintEvictionController",
+        GateSupport::OnOnly("taint eviction is always its own controller in Pilothouse"),
+    ),
+    (
+        "StaleControllerConsistencyJob",
+        GateSupport::OnOnly(
+            "Pilothouse's Job controller always waits for its caches to show its own writes",
+        ),
+    ),
+    (
+        "StaleControllerConsistencyStatefulSet",
+        GateSupport::OnOnly(
+            "Pilothouse's StatefulSet controller always waits for its caches to show its own writes",
+        ),
+    ),
+    (
+        "StatefulSetRecreateStrategy",
+        GateSupport::OffOnly(
+            "not built: a StatefulSet with updateStrategy Recreate gets kcm's gate-off handling: OnDelete's rules and a warning",
+        ),
+    ),
+    (
+        "StatefulSetSemanticRevisionComparison",
+        GateSupport::OnOnly("Pilothouse always compares revisions by their content"),
+    ),
+    ("TaintTolerationComparisonOperators", GateSupport::Honoured),
+    (
+        "WorkloadWithJob",
+        GateSupport::OffOnly("not built: Pilothouse creates no Workload or PodGroup for a Job"),
+    ),
+];
+
+impl GateSupport {
+    fn of(name: &str) -> Option<GateSupport> {
+        GATE_SUPPORT
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| *s)
+    }
+}
+
+/// One row of the gate reference (`docs/flags.md`, `--help`).
+pub struct GateRow {
+    pub name: &'static str,
+    pub stage: &'static str,
+    pub default: bool,
+    pub locked: bool,
+    /// The replaced controllers that read it.
+    pub readers: Vec<&'static str>,
+    pub support: GateSupport,
+}
+
+/// The gates the replaced controllers read, with kcm 1.37's stage and default and Pilothouse's
+/// support, by name.
+pub fn gate_rows() -> Vec<GateRow> {
+    kcm::gates()
+        .filter(|g| !g.readers.is_empty())
+        .map(|g| GateRow {
+            name: g.name,
+            stage: g.stage,
+            default: g.default,
+            locked: g.locked,
+            readers: g.readers.clone(),
+            support: GateSupport::of(g.name)
+                .unwrap_or(GateSupport::OffOnly("unknown to Pilothouse")),
+        })
+        .collect()
+}
+
+/// `--feature-gates`' long help: the gates the replaced controllers read.
+pub fn feature_gates_help() -> String {
+    let mut help = "A set of key=value pairs for alpha/beta features, as kube-controller-manager's: every gate of kube-controller-manager 1.37 is accepted (GA ones at their locked value only), and unknown names are refused. Gates the replaced controllers read:".to_string();
+    for r in gate_rows() {
+        let what = match r.support {
+            GateSupport::Honoured => "honoured".to_string(),
+            GateSupport::OnOnly(_) => "only true".to_string(),
+            GateSupport::OffOnly(_) if r.default => {
+                "only false (kcm's default differs)".to_string()
+            }
+            GateSupport::OffOnly(_) => "only false".to_string(),
+        };
+        help.push_str(&format!(
+            " {}={} ({} - default={}): {what};",
+            r.name,
+            if r.locked {
+                r.default.to_string()
+            } else {
+                "true|false".to_string()
+            },
+            r.stage,
+            r.default
+        ));
+    }
+    help.pop();
+    help.push_str(". See docs/flags.md for the reasons.");
+    help
+}
+
+impl FeatureGates {
+    /// Parses `Name=bool,...` as kube-controller-manager's `--feature-gates` does: an unknown
+    /// name, a non-boolean value or a locked gate set off its default is an error with kcm's
+    /// words. A gate a replaced controller reads is honoured, or refused at the value whose
+    /// behaviour Pilothouse does not have ([`GATE_SUPPORT`]); any other gate is accepted and
+    /// changes nothing here.
     pub fn parse(items: &[String]) -> Result<FeatureGates, FlagError> {
         let mut gates = FeatureGates::default();
         for item in items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
@@ -57,37 +191,43 @@ impl FeatureGates {
             // kcm 1.37 also takes `component:Name`; `kube` is the only component it has.
             let name = name.trim();
             let name = name.strip_prefix("kube:").unwrap_or(name);
-            match name {
-                "TaintTolerationComparisonOperators" => {
-                    gates.taint_toleration_comparison_operators = value
-                }
-                name if Self::ALWAYS_ON.contains(&name) => {
-                    tracing::warn!(
-                        gate = name,
-                        value,
-                        "feature gate ignored: Pilothouse always has this behaviour"
-                    );
-                }
-                name if Self::NOT_BUILT.contains(&name) => {
-                    tracing::warn!(
-                        gate = name,
-                        value,
-                        "feature gate ignored: Pilothouse does not implement this alpha feature"
-                    );
-                }
-                name if kcm::is_gate(name) => {
-                    tracing::warn!(
-                        gate = name,
-                        value,
-                        "feature gate of kube-controller-manager 1.37 accepted and ignored: no Pilothouse controller reads it"
-                    );
-                }
-                other => {
+            let Some(gate) = kcm::gate(name) else {
+                return Err(FlagError::FeatureGate(format!(
+                    "unrecognized feature gate: {name}"
+                )));
+            };
+            if gate.locked && value != gate.default {
+                return Err(FlagError::FeatureGate(format!(
+                    "cannot set feature gate {name} to {value}, feature is locked to {}",
+                    gate.default
+                )));
+            }
+            match GateSupport::of(name) {
+                Some(GateSupport::Honoured) => match name {
+                    "TaintTolerationComparisonOperators" => {
+                        gates.taint_toleration_comparison_operators = value
+                    }
+                    other => unreachable!("honoured gate {other} has no field"),
+                },
+                Some(GateSupport::OnOnly(why)) if !value => {
                     return Err(FlagError::FeatureGate(format!(
-                        "unrecognized feature gate: {other} (Pilothouse reads: {})",
-                        Self::KNOWN.join(", ")
+                        "{name}=false is not supported: {why}; run this controller in kube-controller-manager to turn it off"
                     )));
                 }
+                Some(GateSupport::OffOnly(why)) if value && gate.default => {
+                    tracing::warn!(gate = name, "feature gate accepted but not honoured: {why}");
+                }
+                Some(GateSupport::OffOnly(why)) if value => {
+                    return Err(FlagError::FeatureGate(format!(
+                        "{name}=true is not supported: {why}; run this controller in kube-controller-manager to use it"
+                    )));
+                }
+                Some(_) => {}
+                None => tracing::info!(
+                    gate = name,
+                    value,
+                    "feature gate of kube-controller-manager 1.37 accepted: no controller Pilothouse runs reads it"
+                ),
             }
         }
         Ok(gates)
@@ -199,9 +339,8 @@ pub struct ManagerOptions {
     #[arg(long, default_value = "2s", value_parser = duration_arg)]
     pub shutdown_drain_timeout: Duration,
 
-    /// A set of key=value pairs for alpha/beta features, as kube-controller-manager's. Known:
-    /// TaintTolerationComparisonOperators=true|false (ALPHA - default=false).
-    #[arg(long, value_delimiter = ',', default_value = "")]
+    /// A set of key=value pairs for alpha/beta features, as kube-controller-manager's.
+    #[arg(long, value_delimiter = ',', default_value = "", long_help = feature_gates_help())]
     pub feature_gates: Vec<String>,
 
     /// Log format.
@@ -353,8 +492,40 @@ mod kcm {
             .and_then(|w| w.get(1).copied())
     }
 
+    /// A feature gate as kcm 1.37 declares it, and which replaced controllers read it.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Gate {
+        pub name: &'static str,
+        /// `ALPHA`, `BETA`, `GA` or `DEPRECATED`.
+        pub stage: &'static str,
+        pub default: bool,
+        /// Settable only to its default.
+        pub locked: bool,
+        pub readers: Vec<&'static str>,
+    }
+
+    pub fn gates() -> impl Iterator<Item = Gate> {
+        entries("gate").filter_map(|w| {
+            let (name, stage, default) = (*w.get(1)?, *w.get(2)?, *w.get(3)? == "true");
+            let locked = w.get(4) == Some(&"locked");
+            let readers = w.iter().skip(if locked { 5 } else { 4 }).copied().collect();
+            Some(Gate {
+                name,
+                stage,
+                default,
+                locked,
+                readers,
+            })
+        })
+    }
+
+    pub fn gate(name: &str) -> Option<Gate> {
+        gates().find(|g| g.name == name)
+    }
+
+    #[cfg(test)]
     pub fn is_gate(name: &str) -> bool {
-        entries("gate").any(|w| w.get(1) == Some(&name))
+        gate(name).is_some()
     }
 }
 
@@ -507,15 +678,37 @@ mod tests {
         assert!(g.taint_toleration_comparison_operators);
         assert!(FeatureGates::parse(&["Bogus=true".into()]).is_err());
         // §0 of the StatefulSet/EndpointSlice spec: 1.37's gates for behaviour we always have
-        // are accepted and change nothing; gates removed in 1.36 are unknown, as in kcm 1.37.
+        // are accepted at the value we have; the other value is refused with the reason, as is
+        // a gate we have not built turned on. A locked GA gate takes only its default, in kcm's
+        // words; gates removed before 1.37 are unknown, as in kcm 1.37.
         assert_eq!(
             FeatureGates::parse(&[
-                "MaxUnavailableStatefulSet=false".into(),
+                "MaxUnavailableStatefulSet=true".into(),
                 "PreferSameTrafficDistribution=true".into(),
-                "StatefulSetRecreateStrategy=true".into()
+                "JobManagedBy=true".into(),
+                "StatefulSetRecreateStrategy=false".into(),
+                "NodeControllerLeaseCircuitBreaker=false".into(),
+                "NodeControllerLeaseCircuitBreaker=true".into(),
             ])
             .unwrap(),
             FeatureGates::default()
+        );
+        let refused = |item: &str| match FeatureGates::parse(&[item.to_string()]) {
+            Err(FlagError::FeatureGate(m)) => m,
+            other => panic!("{item} accepted: {other:?}"),
+        };
+        assert!(refused("MaxUnavailableStatefulSet=false").contains(
+            "MaxUnavailableStatefulSet=false is not supported: Pilothouse always honours"
+        ),);
+        assert!(refused("StatefulSetRecreateStrategy=true").contains("not built"));
+        assert!(refused("WorkloadWithJob=true").contains("no Workload or PodGroup"));
+        assert_eq!(
+            refused("JobManagedBy=false"),
+            "cannot set feature gate JobManagedBy to false, feature is locked to true"
+        );
+        assert_eq!(
+            refused("StatefulSetStartOrdinal=true"),
+            "unrecognized feature gate: StatefulSetStartOrdinal"
         );
         assert!(FeatureGates::parse(&["TopologyAwareHints=true".into()]).is_err());
         // Every 1.37 gate is accepted (read or not), with kcm's `kube:` component prefix too.
@@ -725,6 +918,23 @@ mod tests {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// Every gate kcm's code of a replaced controller reads has a line in GATE_SUPPORT, and no
+    /// line names a gate no replaced controller reads: a version bump that adds one fails here.
+    #[test]
+    fn every_gate_the_replaced_controllers_read_is_decided() {
+        let read: BTreeSet<&str> = gate_rows().iter().map(|r| r.name).collect();
+        let decided: BTreeSet<&str> = GATE_SUPPORT.iter().map(|(n, _)| *n).collect();
+        assert_eq!(read, decided);
+        let job = kcm::gate("JobManagedBy").unwrap();
+        assert_eq!(
+            (job.stage, job.default, job.locked, job.readers),
+            ("GA", true, true, vec!["job-controller"])
+        );
+        assert!(feature_gates_help().contains(
+            "TaintTolerationComparisonOperators=true|false (ALPHA - default=false): honoured"
+        ));
     }
 
     #[test]
