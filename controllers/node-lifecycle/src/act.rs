@@ -3,7 +3,8 @@
 //! noted in the own-writes store, so a write that follows it before the watch catches up starts
 //! from what it returned.
 
-use crate::{Error, plan};
+use crate::{Error, NODE_LEASE_NAMESPACE, plan};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -44,6 +45,18 @@ impl Act {
             writer,
             own: Written::new(),
             clock,
+        }
+    }
+
+    /// NL-LB: the node's Lease as the API server has it now (`None`: there is none).
+    pub async fn live_lease(&self, name: &str) -> Result<Option<Lease>, Error> {
+        match self.writer.get::<Lease>(NODE_LEASE_NAMESPACE, name).await {
+            Ok(lease) => Ok(Some(lease)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(source) => Err(Error::Lease {
+                node: name.to_string(),
+                source,
+            }),
         }
     }
 

@@ -95,6 +95,8 @@ pub enum Error {
     Taints { node: String, source: kube::Error },
     #[error("marking pod {pod} not ready: {source}")]
     Pod { pod: String, source: kube::Error },
+    #[error("reading node {node}'s live Lease: {source}")]
+    Lease { node: String, source: kube::Error },
 }
 
 impl Classify for Error {
@@ -102,7 +104,8 @@ impl Classify for Error {
         match self {
             Error::Status { source, .. }
             | Error::Taints { source, .. }
-            | Error::Pod { source, .. } => source.kind(),
+            | Error::Pod { source, .. }
+            | Error::Lease { source, .. } => source.kind(),
         }
     }
 }

@@ -13,15 +13,17 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use plan::{NoExecuteStep, TaintChange};
+use shared::cache::informers::parse_rv;
 use shared::cache::informers::{Change, Informer};
 use shared::cache::pod::INDEX_POD_NODE;
 use shared::cache::pod::Pod;
+use shared::cache::written::Behind;
 use shared::meta::keys::object_key;
 use shared::runtime::controller::Ctx;
 use shared::runtime::events::{EventRecorder, core_ref};
 use shared::runtime::queue::{Next, Queue};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -68,6 +70,11 @@ pub struct NodeLifecycleController {
     pub(crate) act: Act,
     events: EventRecorder,
     pub(crate) metrics: Metrics,
+    /// NodeControllerLeaseCircuitBreaker (kcm 1.37, beta, on by default).
+    circuit_breaker: bool,
+    /// The resourceVersion of a live Lease newer than the cache showed: until the Lease cache
+    /// has delivered it, no node is marked unreachable (NL-LB).
+    lease_fence: AtomicU64,
 }
 
 pub(crate) use shared::lock;
@@ -122,7 +129,7 @@ impl NodeLifecycleController {
             events,
             clock,
             metrics,
-            ..
+            gates,
         } = ctx;
         let act = Act::new(writer, clock);
         NodeLifecycleController {
@@ -139,6 +146,8 @@ impl NodeLifecycleController {
             act,
             events,
             metrics,
+            circuit_breaker: gates.node_controller_lease_circuit_breaker,
+            lease_fence: AtomicU64::new(0),
         }
     }
 
@@ -334,6 +343,9 @@ impl NodeLifecycleController {
             m.expired = if stale { m.expired.or(Some(due)) } else { None };
         }
         if stale {
+            if let Some(behind) = self.lease_cache_behind(name).await? {
+                return Ok(Next::Stale(behind));
+            }
             self.mark_unknown(&mut node, name, due).await?;
         }
         if let Some(m) = self.memory().get_mut(name) {
@@ -359,6 +371,46 @@ impl NodeLifecycleController {
                     .saturating_add(Duration::from_millis(1)),
             )
         })
+    }
+
+    /// NL-LB (kcm 1.37's NodeControllerLeaseCircuitBreaker): a node whose grace ran out on the
+    /// cached Lease may be renewing while the Lease cache lags (a slow or restarting watch), and
+    /// marking it would taint and evict a healthy node. So its live Lease is read first; one newer
+    /// than the cache fences every node until the cache has delivered that version (the runtime
+    /// counts the skip and runs the key again). Upstream compares with the last Lease whose
+    /// renewal it saw, so a Lease updated without a renewal fences its node for ever; this
+    /// compares with the cached Lease, which says the same about the cache without that trap.
+    async fn lease_cache_behind(&self, name: &str) -> Result<Option<Behind>, Error> {
+        if !self.circuit_breaker {
+            return Ok(None);
+        }
+        let behind = |wrote, seen| Behind {
+            group: "coordination.k8s.io",
+            resource: "leases",
+            wrote,
+            seen,
+        };
+        let seen = self.leases.newest_resource_version();
+        let fence = self.lease_fence.load(Ordering::Acquire);
+        if fence > seen {
+            return Ok(Some(behind(fence, seen)));
+        }
+        let cached = self
+            .leases
+            .get(&format!("{NODE_LEASE_NAMESPACE}/{name}"))
+            .and_then(|l| l.metadata.resource_version.clone());
+        let live = match self.act.live_lease(name).await? {
+            Some(lease) => lease.metadata.resource_version,
+            // No Lease at all: the cache is not hiding a renewal.
+            None => return Ok(None),
+        };
+        let wrote = live.as_deref().and_then(parse_rv).unwrap_or(0);
+        if live != cached && wrote > seen {
+            self.lease_fence.fetch_max(wrote, Ordering::AcqRel);
+            tracing::info!(node = name, cached = ?cached, live = ?live, "the Lease cache is behind the node's live Lease: no node is marked unreachable until it catches up");
+            return Ok(Some(behind(wrote, seen)));
+        }
+        Ok(None)
     }
 
     /// NL-4: the node's grace ran out at `due`: its conditions go Unknown, and NL-6 follows

@@ -118,7 +118,13 @@ impl Cluster {
     /// Builds the controller with its real `init`, seeds nodes (all alive), their Leases and
     /// pods after it, then starts the controller and the simulation.
     fn start(nodes: Vec<Node>, pods: Vec<Pod>) -> Cluster {
-        let kit = Kit::new();
+        Cluster::start_with(nodes, pods, true)
+    }
+
+    /// [`Cluster::start`] with NodeControllerLeaseCircuitBreaker on or off.
+    fn start_with(nodes: Vec<Node>, pods: Vec<Pod>, circuit_breaker: bool) -> Cluster {
+        let mut kit = Kit::new();
+        kit.gates.node_controller_lease_circuit_breaker = circuit_breaker;
         let controller = init(
             opts(),
             kit.setup(DECLARATION.name, DECLARATION.event_source),
@@ -503,8 +509,8 @@ async fn nl11_tainting_pick_writes_from_our_last_write_while_the_watch_lags() {
             .api
             .calls()
             .iter()
-            .any(|call| matches!(call, Call::Get(_))),
-        "no re-read: {:?}",
+            .any(|call| matches!(call, Call::Get(t) if t.plural == "nodes")),
+        "no re-read of the node (the live Lease read is NL-LB's): {:?}",
         c.kit.api.calls()
     );
     let writes = c.kit.api.writes();
@@ -817,4 +823,63 @@ async fn nl7_a_pod_bound_to_a_not_ready_node_is_marked() {
         )]
     );
     c.stop().await;
+}
+
+/// NL-LB, kcm 1.37's NodeControllerLeaseCircuitBreaker (beta, on): the kubelet renews on the
+/// server while the Lease watch lags. When the grace runs out on the cached Lease, the live one is
+/// read (one GET), found newer than the cache, and the node is not marked: the skip is counted as
+/// a stale cache. Once the cache delivers that Lease the node is fresh, and nothing was ever
+/// written. With the gate off, the same lag marks the node Unknown after the grace.
+#[tokio::test(start_paused = true)]
+async fn nl_lb_a_lagging_lease_cache_marks_no_node() {
+    for breaker in [true, false] {
+        let c = Cluster::start_with(vec![node("n1", "z1")], vec![], breaker);
+        let start = Instant::now();
+        // The simulated kubelet stops renewing through the watch; it renews on the server only.
+        c.fail("n1");
+        let mut live = lease("n1", c.kit.clock.now());
+        for (i, at) in [10u64, 20, 30, 40, 50].into_iter().enumerate() {
+            tokio::time::sleep_until(start + Duration::from_secs(at)).await;
+            live = lease("n1", c.kit.clock.now());
+            live.metadata.resource_version = Some((5_000 + i).to_string());
+            c.kit.api.insert(&live);
+        }
+        tokio::time::sleep_until(start + GRACE + Duration::from_secs(2)).await;
+        settle().await;
+        let gets = c
+            .kit
+            .api
+            .calls()
+            .iter()
+            .filter(|call| matches!(call, Call::Get(t) if t.plural == "leases" && t.name == "n1"))
+            .count();
+        if !breaker {
+            assert_eq!(
+                c.ready("n1"),
+                "Unknown",
+                "gate off: marked from the cached Lease"
+            );
+            assert_eq!(gets, 0, "gate off: no live read");
+            c.stop().await;
+            continue;
+        }
+        assert_eq!(
+            c.ready("n1"),
+            "True",
+            "marked although its live Lease is renewed"
+        );
+        assert!(c.writes().is_empty(), "{:?}", c.writes());
+        assert_eq!(gets, 1, "one live read; the fence spares the others");
+        let skips = c
+            .metric("pilothouse_stale_cache_skips_total{controller=\"node-lifecycle-controller\",resource=\"leases\"}")
+            .unwrap_or(0.0);
+        assert!(skips >= 1.0, "stale skips counted: {skips}");
+        // The watch catches up: the node is fresh, and stays unmarked.
+        c.kit.apply(live.clone());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        settle().await;
+        assert_eq!(c.ready("n1"), "True");
+        assert!(c.writes().is_empty(), "{:?}", c.writes());
+        c.stop().await;
+    }
 }

@@ -60,12 +60,7 @@ pub const GATE_SUPPORT: &[(&str, GateSupport)] = &[
             "Pilothouse always clears the startTime of a Job it suspends, as JR-44 says",
         ),
     ),
-    (
-        "NodeControllerLeaseCircuitBreaker",
-        GateSupport::OffOnly(
-            "not built: Pilothouse marks a node unreachable from its cached Lease, without first reading the live one",
-        ),
-    ),
+    ("NodeControllerLeaseCircuitBreaker", GateSupport::Honoured),
     (
         "PreferSameTrafficDistribution",
         GateSupport::OnOnly(
@@ -206,6 +201,9 @@ impl FeatureGates {
                 Some(GateSupport::Honoured) => match name {
                     "TaintTolerationComparisonOperators" => {
                         gates.taint_toleration_comparison_operators = value
+                    }
+                    "NodeControllerLeaseCircuitBreaker" => {
+                        gates.node_controller_lease_circuit_breaker = value
                     }
                     other => unreachable!("honoured gate {other} has no field"),
                 },
@@ -687,12 +685,13 @@ mod tests {
                 "PreferSameTrafficDistribution=true".into(),
                 "JobManagedBy=true".into(),
                 "StatefulSetRecreateStrategy=false".into(),
-                "NodeControllerLeaseCircuitBreaker=false".into(),
-                "NodeControllerLeaseCircuitBreaker=true".into(),
             ])
             .unwrap(),
             FeatureGates::default()
         );
+        let g = FeatureGates::parse(&["NodeControllerLeaseCircuitBreaker=false".into()]).unwrap();
+        assert!(!g.node_controller_lease_circuit_breaker);
+        assert!(FeatureGates::default().node_controller_lease_circuit_breaker);
         let refused = |item: &str| match FeatureGates::parse(&[item.to_string()]) {
             Err(FlagError::FeatureGate(m)) => m,
             other => panic!("{item} accepted: {other:?}"),
@@ -720,7 +719,8 @@ mod tests {
             ])
             .unwrap(),
             FeatureGates {
-                taint_toleration_comparison_operators: true
+                taint_toleration_comparison_operators: true,
+                ..FeatureGates::default()
             }
         );
         assert!(FeatureGates::parse(&["kube:Bogus=true".into()]).is_err());
