@@ -76,6 +76,9 @@ pub enum Error {
     /// Ten hash collisions in one sync (ST-14 d).
     #[error("{0}")]
     Revision(String),
+    /// ST-R: `updateStrategy.type: Recreate` with StatefulSetRecreateStrategy off.
+    #[error("{0}")]
+    UnknownStrategy(String),
     /// Several writes failed; the first is the sync's error.
     #[error("{first} (and {more} more)")]
     Many { first: Box<Error>, more: usize },
@@ -85,7 +88,7 @@ impl Classify for Error {
     fn kind(&self) -> ErrorKind {
         match self {
             Error::Api(e) => e.kind(),
-            Error::Claim(_) | Error::Revision(_) => ErrorKind::Other,
+            Error::Claim(_) | Error::Revision(_) | Error::UnknownStrategy(_) => ErrorKind::Other,
             Error::Many { first, .. } => first.kind(),
         }
     }

@@ -28,7 +28,38 @@ pub enum Strategy {
     /// RollingUpdate without a `rollingUpdate` stanza (only from a hand-built object).
     RollingUpdateBare,
     OnDelete,
+    /// ST-R (KEP-3541, behind StatefulSetRecreateStrategy): every old-revision pod is deleted,
+    /// and new pods are created only once all of them are gone.
+    Recreate,
 }
+
+/// The `Progressing` condition a sync sets (upstream `setProgressingCondition`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progressing {
+    pub status: &'static str,
+    pub reason: &'static str,
+    pub message: &'static str,
+}
+
+/// ST-R: old-revision pods are being deleted or are still terminating.
+pub const RECREATE_DELETING: Progressing = Progressing {
+    status: "True",
+    reason: "RecreateInProgress",
+    message: "Deleting old revision pods",
+};
+/// ST-R: every old-revision pod is gone; the new revision's are being created.
+pub const RECREATE_CREATING: Progressing = Progressing {
+    status: "True",
+    reason: "RecreateInProgress",
+    message: "Waiting for new-revision pods to be created",
+};
+/// ST-R: every pod is of the update revision and ready (set by the status, upstream
+/// `completeUpdate`).
+pub const RECREATE_COMPLETED: Progressing = Progressing {
+    status: "False",
+    reason: "RecreateCompleted",
+    message: "All pods recreated successfully",
+};
 
 #[derive(Clone, Debug)]
 pub struct SetView {
@@ -135,6 +166,8 @@ pub struct Plan {
     /// `spec.replicas`): they get no pod, and a Warning says so. (Upstream names such a pod
     /// `<set>-2147483648`, then fails to parse its ordinal and never counts it.)
     pub beyond_ordinals: Option<String>,
+    /// ST-R: the `Progressing` condition this sync sets, if any.
+    pub progressing: Option<Progressing>,
 }
 
 impl PodView {
@@ -259,6 +292,41 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
     if set.deleting {
         return out;
     }
+    // ST-R (upstream `recreateDeleteAndWait`): while any created pod, in range or condemned, is
+    // of an old revision, the only actions are deleting those not yet terminating, all at once
+    // whatever the management policy; nothing is created until every one of them is gone.
+    if set.strategy == Strategy::Recreate {
+        let old: Vec<&PodView> = slots
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Pod(p) => Some(*p),
+                Slot::Missing { .. } => None,
+            })
+            .chain(condemned.iter().copied())
+            .filter(|p| p.created() && p.revision != set.update_revision)
+            .collect();
+        if !old.is_empty() {
+            let deletes: Vec<Action> = old
+                .iter()
+                .filter(|p| !p.terminating)
+                .map(|p| Action::DeletePod {
+                    name: p.name.clone(),
+                    why: Why::Update,
+                })
+                .collect();
+            if !deletes.is_empty() {
+                out.phases.push(Phase {
+                    actions: deletes,
+                    concurrent: true,
+                });
+            }
+            out.progressing = Some(RECREATE_DELETING);
+            return out;
+        }
+        if set.current_revision != set.update_revision {
+            out.progressing = Some(RECREATE_CREATING);
+        }
+    }
     let monotonic = set.management == Management::OrderedReady;
     let (replica_phase, blocked) = replica_phase(set, &slots, monotonic, now);
     if monotonic && blocked.is_some() {
@@ -277,8 +345,9 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
         out.phases = vec![claim_phase, condemned_phase, replica_phase];
     }
     out.phases.retain(|p| !p.actions.is_empty());
-    // ST-24: the update step only after a pass that did not stop; OnDelete never (ST-31).
-    if blocked.is_some() || matches!(set.strategy, Strategy::OnDelete) {
+    // ST-24: the update step only after a pass that did not stop; OnDelete never (ST-31), nor
+    // Recreate, whose deletions came first (ST-R).
+    if blocked.is_some() || matches!(set.strategy, Strategy::OnDelete | Strategy::Recreate) {
         out.blocked = blocked;
         return out;
     }
@@ -532,7 +601,7 @@ fn b6_may_replace(set: &SetView, p: &PodView) -> bool {
     match &set.strategy {
         Strategy::RollingUpdate { partition, .. } => index >= i64::from((*partition).max(0)),
         Strategy::RollingUpdateBare => true,
-        Strategy::OnDelete => false,
+        Strategy::OnDelete | Strategy::Recreate => false,
     }
 }
 

@@ -56,6 +56,7 @@ fn strategy() -> impl Gen<Value = Strategy> {
         }),
         Just(Strategy::RollingUpdateBare),
         Just(Strategy::OnDelete),
+        Just(Strategy::Recreate),
     ]
 }
 
@@ -133,6 +134,42 @@ fn pod_view() -> impl Gen<Value = PodView> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
+    /// ST-R: a Recreate plan creates nothing while a created pod of an old revision remains,
+    /// and then deletes every such pod not already terminating.
+    #[test]
+    fn recreate_creates_nothing_while_an_old_pod_remains(
+        set in set_view(),
+        pods in prop::collection::vec(pod_view(), 0..8),
+        now in instant(),
+    ) {
+        let mut set = set;
+        set.strategy = Strategy::Recreate;
+        let mut pods = pods;
+        pods.sort_by_key(|p| p.ordinal);
+        pods.dedup_by_key(|p| p.ordinal);
+        let p = plan(&set, &pods, now);
+        let old: Vec<&PodView> = pods
+            .iter()
+            .filter(|x| x.ordinal >= 0 && x.created() && x.revision != set.update_revision)
+            .collect();
+        let actions: Vec<&Action> = p.phases.iter().flat_map(|ph| &ph.actions).collect();
+        if !old.is_empty() && !set.deleting {
+            let creates = actions.iter().filter(|a| matches!(a, Action::CreatePod { .. })).count();
+            prop_assert_eq!(creates, 0, "created while an old pod remains");
+            let deleted: Vec<&str> = actions
+                .iter()
+                .filter_map(|a| match a {
+                    Action::DeletePod { name, .. } => Some(name.as_str()),
+                    _ => None,
+                })
+                .collect();
+            for o in old.iter().filter(|x| !x.terminating) {
+                prop_assert!(deleted.contains(&o.name.as_str()), "{} not deleted", o.name);
+            }
+            prop_assert_eq!(p.progressing, Some(crate::plan::RECREATE_DELETING));
+        }
+    }
+
     /// ST-6..ST-31, ST-40: never panics; M ≥ 1; U ≥ 0; no more creations than missing slots
     /// planned per sync; no pod deleted twice for one reason; status counts between 0 and the pods that exist.
     #[test]
@@ -177,6 +214,7 @@ proptest! {
                 old: &StatefulSetStatus::default(),
                 collision_count: collision,
                 now,
+                progressing: p.progressing,
             },
             &pods,
         );

@@ -1,8 +1,9 @@
 //! The status a set should have after a sync (ST-40..ST-42, SB-3), computed purely from its pods
 //! as cached. Upstream: `computeReplicaStatus`, `completeUpdate`, `inconsistentStatus`.
 
-use crate::plan::{PodView, SetView};
-use k8s_openapi::api::apps::v1::StatefulSetStatus;
+use crate::plan::{PodView, Progressing, RECREATE_COMPLETED, SetView, Strategy};
+use k8s_openapi::api::apps::v1::{StatefulSetCondition, StatefulSetStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 /// What the status is computed from beside the pods.
@@ -13,6 +14,39 @@ pub struct Inputs<'a> {
     pub old: &'a StatefulSetStatus,
     pub collision_count: i32,
     pub now: Timestamp,
+    /// ST-R: the `Progressing` condition the plan set.
+    pub progressing: Option<Progressing>,
+}
+
+/// Upstream `setStatefulSetCondition`: a condition of a new type is added; one whose status,
+/// reason and message are unchanged is left alone; otherwise it takes the new ones, and a new
+/// transition time only when its status changes.
+fn set_condition(conditions: &mut Vec<StatefulSetCondition>, c: Progressing, now: Timestamp) {
+    let found = conditions
+        .iter_mut()
+        .find(|x| x.type_.as_deref() == Some("Progressing"));
+    let Some(x) = found else {
+        conditions.push(StatefulSetCondition {
+            type_: Some("Progressing".into()),
+            status: Some(c.status.into()),
+            reason: Some(c.reason.into()),
+            message: Some(c.message.into()),
+            last_transition_time: Some(Time(now)),
+        });
+        return;
+    };
+    if x.status.as_deref() == Some(c.status)
+        && x.reason.as_deref() == Some(c.reason)
+        && x.message.as_deref() == Some(c.message)
+    {
+        return;
+    }
+    if x.status.as_deref() != Some(c.status) {
+        x.last_transition_time = Some(Time(now));
+    }
+    x.status = Some(c.status.into());
+    x.reason = Some(c.reason.into());
+    x.message = Some(c.message.into());
 }
 
 /// ST-40, ST-30 with SB-3.
@@ -28,7 +62,7 @@ pub fn compute(i: &Inputs<'_>, pods: &[PodView]) -> StatefulSetStatus {
         current_revision: Some(set.current_revision.clone()),
         update_revision: Some(set.update_revision.clone()),
         collision_count: Some(i.collision_count),
-        // Conditions are not this controller's (upstream keeps them as they are).
+        // Kept as they are, but for the Progressing condition of a Recreate set (ST-R).
         conditions: i.old.conditions.clone(),
         ..Default::default()
     };
@@ -60,10 +94,26 @@ pub fn compute(i: &Inputs<'_>, pods: &[PodView]) -> StatefulSetStatus {
     s.updated_replicas = Some(updated);
     // ST-30 (upstream `completeUpdate`), and SB-3: the rollout is complete only when every pod
     // is also Available.
+    if let Some(c) = i.progressing {
+        set_condition(s.conditions.get_or_insert_with(Vec::new), c, i.now);
+    }
     let want = set.replicas;
     if updated == want && ready == want && replicas == want && available == want {
         s.current_replicas = Some(updated);
         s.current_revision = s.update_revision.clone();
+        // ST-R (upstream `completeUpdate`): a Recreate set that has a Progressing condition is
+        // done.
+        let progressing = s
+            .conditions
+            .as_ref()
+            .is_some_and(|cs| cs.iter().any(|c| c.type_.as_deref() == Some("Progressing")));
+        if set.strategy == Strategy::Recreate && progressing {
+            set_condition(
+                s.conditions.get_or_insert_with(Vec::new),
+                RECREATE_COMPLETED,
+                i.now,
+            );
+        }
     }
     s
 }

@@ -47,6 +47,8 @@ pub struct StatefulSetController {
     zero_grace_warned: Mutex<HashMap<String, (String, i64)>>,
     /// ST-15: (set UID, generation, revision resourceVersion) → equal once defaulted.
     defaulted_matches: Mutex<HashMap<(String, i64, String), bool>>,
+    /// StatefulSetRecreateStrategy (alpha in 1.37, off by default).
+    recreate_gate: bool,
 }
 
 use shared::lock;
@@ -101,9 +103,10 @@ impl StatefulSetController {
             events,
             clock,
             metrics,
-            ..
+            gates,
         } = ctx;
         StatefulSetController {
+            recreate_gate: gates.stateful_set_recreate_strategy,
             c,
             queue,
             writer,
@@ -775,6 +778,23 @@ impl StatefulSetController {
     ) -> Result<Next, Error> {
         self.warn_zero_grace(set);
         let revs = self.revisions(key, set).await?;
+        // ST-R with the gate off, as upstream: a Warning, an error (retried with backoff), and
+        // nothing done, not even the status.
+        let spec = set.spec();
+        let strategy = spec.update_strategy.as_ref();
+        if strategy.and_then(|u| u.type_.as_deref()) == Some("Recreate") && !self.recreate_gate {
+            let message = format!(
+                "statefulset {} uses Recreate strategy but feature gate StatefulSetRecreateStrategy is disabled",
+                object_key(set)
+            );
+            self.events.warning(
+                &shared::meta::refs::object_reference(set),
+                "UnknownStrategy",
+                "Sync",
+                message.clone(),
+            );
+            return Err(Error::UnknownStrategy(message));
+        }
         let now = self.clock.now();
         let views: Vec<plan::PodView> = pods.iter().map(|p| self.pod_view(set, p)).collect();
         let set_view = self.set_view(set, &revs);
@@ -794,6 +814,7 @@ impl StatefulSetController {
                 old: &set.status(),
                 collision_count: revs.collision_count,
                 now,
+                progressing: planned.progressing,
             },
             &views,
         );
@@ -830,17 +851,16 @@ impl StatefulSetController {
         let spec = set.spec();
         let strategy = match spec.update_strategy.as_ref() {
             Some(u) if u.type_.as_deref() == Some("OnDelete") => Strategy::OnDelete,
-            // `Recreate` exists only where the API server has StatefulSetRecreateStrategy on
-            // (alpha in 1.37, off by default); this Pilothouse does not build it. As upstream
-            // with the gate off: no automatic update (OnDelete's rules: new pods get the update
-            // revision, old ones stay until deleted), said in the log. Handled as a rolling
-            // update instead, each new pod got the current revision and was replaced again.
+            // `Recreate` is served where the API server has StatefulSetRecreateStrategy on;
+            // with the gate off here, `update_set` stopped before this (ST-R).
+            Some(u) if u.type_.as_deref() == Some("Recreate") => Strategy::Recreate,
+            // The API server accepts no other type; should one come, nothing is updated
+            // automatically (OnDelete's rules), said in the log.
             Some(u) if u.type_.as_deref().is_some_and(|t| t != "RollingUpdate") => {
                 tracing::warn!(
                     statefulset = %shared::meta::keys::object_key(set),
                     update_strategy = u.type_.as_deref().unwrap_or_default(),
-                    "updateStrategy.type is not built in this Pilothouse: pods are not updated \
-                     automatically (as upstream with the StatefulSetRecreateStrategy gate off)"
+                    "unknown updateStrategy.type: pods are not updated automatically"
                 );
                 Strategy::OnDelete
             }

@@ -747,65 +747,172 @@ async fn a_set_at_the_apis_extremes_creates_only_valid_ordinals() {
     running.stop().await;
 }
 
-/// A StatefulSet of `Recreate` (served where the API server has StatefulSetRecreateStrategy on;
-/// not built here): as upstream with the gate off, nothing is updated automatically. Its new
-/// pods get the update revision, and its old pods are not deleted. Handled as a bare rolling
-/// update, each new pod got the current revision and was deleted and created again without end.
-#[tokio::test(start_paused = true)]
-async fn st31_a_recreate_set_is_not_rolled_and_new_pods_get_the_update_revision() {
-    let kit = Kit::new();
-    let ctl = controller(&kit);
+/// A `Recreate` set of two Parallel pods, both Running and Ready at the old revision `web-older`,
+/// whose template has changed since (nginx:2), seeded with the older revision.
+fn recreate_set(kit: &Kit) {
     let mut v = serde_json::to_value(with_pull_policy(set(2, "Parallel"))).unwrap();
     v["spec"]["updateStrategy"] = json!({"type": "Recreate"});
     v["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
     v["status"] = json!({"replicas": 2, "currentReplicas": 2, "currentRevision": "web-older",
                          "updateRevision": "web-older", "observedGeneration": 1});
-    let old_pod = |ordinal: i32| -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {
-                "name": format!("web-{ordinal}"), "namespace": "ns", "uid": format!("uid-{ordinal}"),
-                "resourceVersion": "3",
-                "labels": {"app": "web", "controller-revision-hash": "web-older",
-                           "statefulset.kubernetes.io/pod-name": format!("web-{ordinal}"),
-                           "apps.kubernetes.io/pod-index": ordinal.to_string()},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
-                                     "uid": "uid-web", "controller": true, "blockOwnerDeletion": true}]
-            },
-            "spec": {"containers": [{"name": "c", "image": "nginx:1"}]},
-            "status": {"phase": "Running",
-                       "conditions": [{"type": "Ready", "status": "True",
-                                       "lastTransitionTime": "2020-01-01T00:00:00Z"}]}
-        }))
-        .unwrap()
-    };
     kit.seed(vec![serde_json::from_value::<StatefulSet>(v).unwrap()]);
-    // web-1 is gone (deleted by hand, as OnDelete expects); web-0 is of the old revision.
-    kit.seed(vec![old_pod(0)]);
+    kit.seed((0..2).map(|o| pod_at(o, "web-older", "nginx:1")));
     kit.seed(vec![revision_without_a_default()]);
     kit.seed(Vec::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::new());
+}
+
+/// Pod `web-<ordinal>` of the set, Running and Ready, at `revision`.
+fn pod_at(ordinal: i32, revision: &str, image: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("web-{ordinal}"), "namespace": "ns", "uid": format!("uid-{ordinal}-{revision}"),
+            "resourceVersion": "3",
+            "labels": {"app": "web", "controller-revision-hash": revision,
+                       "statefulset.kubernetes.io/pod-name": format!("web-{ordinal}"),
+                       "apps.kubernetes.io/pod-index": ordinal.to_string()},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
+                                 "uid": "uid-web", "controller": true, "blockOwnerDeletion": true}]
+        },
+        "spec": {"containers": [{"name": "c", "image": image}]},
+        "status": {"phase": "Running",
+                   "conditions": [{"type": "Ready", "status": "True",
+                                   "lastTransitionTime": "2020-01-01T00:00:00Z"}]}
+    }))
+    .unwrap()
+}
+
+fn pod_deletes(kit: &Kit) -> Vec<String> {
+    kit.api
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::Delete { target, .. } if target.plural == "pods" => Some(target.name),
+            _ => None,
+        })
+        .collect()
+}
+
+fn progressing(status: &Value) -> (String, String, String) {
+    let c = status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Progressing"))
+        .cloned()
+        .unwrap_or_default();
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    (s("status"), s("reason"), s("message"))
+}
+
+/// ST-R with StatefulSetRecreateStrategy off (its default), as upstream: a Warning
+/// `UnknownStrategy` naming the gate, and nothing done: no pod deleted or created, no status
+/// written. (Handled as a bare rolling update, each new pod once got the current revision and
+/// was deleted and created again without end.)
+#[tokio::test(start_paused = true)]
+async fn st_r_with_the_gate_off_a_recreate_set_is_warned_about_and_left_alone() {
+    let kit = Kit::new();
+    let ctl = controller(&kit);
+    recreate_set(&kit);
     let running = kit.start(ctl);
-    assert!(eventually(Duration::from_secs(2), || !creates(&kit, "pods").is_empty()).await);
     tokio::time::sleep(Duration::from_secs(5)).await;
     settle().await;
+    assert!(
+        creates(&kit, "pods").is_empty(),
+        "{:?}",
+        creates(&kit, "pods")
+    );
+    assert!(pod_deletes(&kit).is_empty(), "{:?}", pod_deletes(&kit));
+    assert!(status_writes(&kit).is_empty(), "{:?}", status_writes(&kit));
+    let warned = creates(&kit, "events").into_iter().any(|e| {
+        e["reason"] == "UnknownStrategy"
+            && e["type"] == "Warning"
+            && e["message"].as_str() == Some(
+                "statefulset ns/web uses Recreate strategy but feature gate StatefulSetRecreateStrategy is disabled",
+            )
+    });
+    assert!(warned, "{:?}", creates(&kit, "events"));
+    running.stop().await;
+}
+
+/// ST-R with the gate on (upstream `recreateDeleteAndWait`): every old pod is deleted at once
+/// and nothing is created while one remains (Progressing `RecreateInProgress`, "Deleting old
+/// revision pods"); once they are gone the new revision's pods are created ("Waiting for
+/// new-revision pods to be created"); once those are Running and Ready the rollout completes
+/// (currentRevision moves, Progressing False `RecreateCompleted`).
+#[tokio::test(start_paused = true)]
+async fn st_r_recreate_deletes_every_old_pod_then_creates_the_new_revision() {
+    let mut kit = Kit::new();
+    kit.gates.stateful_set_recreate_strategy = true;
+    let ctl = controller(&kit);
+    recreate_set(&kit);
+    let running = kit.start(ctl);
+    assert!(eventually(Duration::from_secs(2), || pod_deletes(&kit).len() == 2).await);
+    settle().await;
+    let mut deleted = pod_deletes(&kit);
+    deleted.sort();
+    assert_eq!(deleted, ["web-0", "web-1"]);
+    assert!(
+        creates(&kit, "pods").is_empty(),
+        "created before the old pods were gone"
+    );
+    let statuses = status_writes(&kit);
+    let last = statuses.last().expect("a status write");
+    assert_eq!(
+        progressing(last),
+        (
+            "True".into(),
+            "RecreateInProgress".into(),
+            "Deleting old revision pods".into()
+        )
+    );
     let new_rev = creates(&kit, "controllerrevisions")[0]["metadata"]["name"]
         .as_str()
         .unwrap()
         .to_string();
-    assert_ne!(new_rev, "web-older");
-    let pods = creates(&kit, "pods");
-    assert_eq!(pods.len(), 1, "only the missing web-1 is created: {pods:?}");
-    assert_eq!(pods[0]["metadata"]["name"], "web-1");
-    assert_eq!(
-        pods[0]["metadata"]["labels"]["controller-revision-hash"],
-        new_rev.as_str(),
-        "a new pod gets the update revision, as upstream's newVersionedStatefulSetPod"
+    // The old pods are gone from the caches: the new revision's pods come, all at once.
+    catch_up(&kit);
+    assert!(eventually(Duration::from_secs(2), || creates(&kit, "pods").len() == 2).await);
+    settle().await;
+    for p in creates(&kit, "pods") {
+        assert_eq!(
+            p["metadata"]["labels"]["controller-revision-hash"],
+            new_rev.as_str()
+        );
+    }
+    assert_eq!(pod_deletes(&kit).len(), 2, "no further delete");
+    catch_up(&kit);
+    assert!(
+        eventually(Duration::from_secs(2), || status_writes(&kit)
+            .last()
+            .is_some_and(
+                |s| progressing(s).2 == "Waiting for new-revision pods to be created"
+            ))
+        .await,
+        "{:?}",
+        status_writes(&kit)
     );
-    let deletes: Vec<_> = kit
-        .api
-        .calls()
-        .into_iter()
-        .filter(|c| matches!(c, Call::Delete { target, .. } if target.plural == "pods"))
-        .collect();
-    assert!(deletes.is_empty(), "no pod is replaced: {deletes:?}");
+    // The kubelet runs them: the rollout is complete.
+    for o in 0..2 {
+        let mut p = pod_at(o, &new_rev, "nginx:2");
+        p.metadata.resource_version = Some("9000".into());
+        kit.api.insert(&p);
+    }
+    catch_up(&kit);
+    assert!(
+        eventually(Duration::from_secs(2), || status_writes(&kit)
+            .last()
+            .is_some_and(|s| s["currentRevision"] == new_rev.as_str()))
+        .await,
+        "{:?}",
+        status_writes(&kit)
+    );
+    let last = status_writes(&kit).last().cloned().unwrap();
+    assert_eq!(
+        progressing(&last),
+        (
+            "False".into(),
+            "RecreateCompleted".into(),
+            "All pods recreated successfully".into()
+        )
+    );
+    assert_eq!(pod_deletes(&kit).len(), 2, "no further delete");
     running.stop().await;
 }

@@ -83,12 +83,7 @@ pub const GATE_SUPPORT: &[(&str, GateSupport)] = &[
             "Pilothouse's StatefulSet controller always waits for its caches to show its own writes",
         ),
     ),
-    (
-        "StatefulSetRecreateStrategy",
-        GateSupport::OffOnly(
-            "not built: a StatefulSet with updateStrategy Recreate gets kcm's gate-off handling: OnDelete's rules and a warning",
-        ),
-    ),
+    ("StatefulSetRecreateStrategy", GateSupport::Honoured),
     (
         "StatefulSetSemanticRevisionComparison",
         GateSupport::OnOnly("Pilothouse always compares revisions by their content"),
@@ -205,6 +200,7 @@ impl FeatureGates {
                     "NodeControllerLeaseCircuitBreaker" => {
                         gates.node_controller_lease_circuit_breaker = value
                     }
+                    "StatefulSetRecreateStrategy" => gates.stateful_set_recreate_strategy = value,
                     other => unreachable!("honoured gate {other} has no field"),
                 },
                 Some(GateSupport::OnOnly(why)) if !value => {
@@ -699,7 +695,8 @@ mod tests {
         assert!(refused("MaxUnavailableStatefulSet=false").contains(
             "MaxUnavailableStatefulSet=false is not supported: Pilothouse always honours"
         ),);
-        assert!(refused("StatefulSetRecreateStrategy=true").contains("not built"));
+        let g = FeatureGates::parse(&["StatefulSetRecreateStrategy=true".into()]).unwrap();
+        assert!(g.stateful_set_recreate_strategy);
         assert!(refused("WorkloadWithJob=true").contains("no Workload or PodGroup"));
         assert_eq!(
             refused("JobManagedBy=false"),

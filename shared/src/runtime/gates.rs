@@ -9,6 +9,8 @@ pub struct FeatureGates {
     /// Beta in 1.37 (default on): node lifecycle reads a node's live Lease before it marks the
     /// node unreachable from the cached one, and judges no node while the cache is behind it.
     pub node_controller_lease_circuit_breaker: bool,
+    /// Alpha in 1.37 (default off): StatefulSet `updateStrategy.type: Recreate` (KEP-3541).
+    pub stateful_set_recreate_strategy: bool,
 }
 
 impl Default for FeatureGates {
@@ -16,6 +18,7 @@ impl Default for FeatureGates {
         FeatureGates {
             taint_toleration_comparison_operators: false,
             node_controller_lease_circuit_breaker: true,
+            stateful_set_recreate_strategy: false,
         }
     }
 }
