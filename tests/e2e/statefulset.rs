@@ -5,15 +5,19 @@
 //! nodes, which turn them Running and Ready.
 
 use anyhow::{Context, Result, ensure};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use pilothouse_tests::cluster::ClusterOptions;
 use pilothouse_tests::harness::{SuitePilothouse, cluster, trial};
 use pilothouse_tests::webhook::{Match, Webhook};
 use pilothouse_tests::{audit, k8s, wait};
 use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 struct Ns {
@@ -424,6 +428,88 @@ async fn s8_on_delete() -> Result<()> {
     ensure!(
         pods.iter().any(|p| p.0 == "web-2" && p.1 == new),
         "{pods:?}"
+    );
+    Ok(())
+}
+
+/// ST-R (KEP-3541; the plane's API server and this suite's Pilothouse have
+/// StatefulSetRecreateStrategy on): a template change of a `Recreate` set deletes its three old
+/// pods, and no pod of the new revision exists until every old one is gone. Seen on a watch, in
+/// the API server's order. The set then completes on the new revision with Progressing False
+/// `RecreateCompleted`.
+async fn s_r_recreate() -> Result<()> {
+    let n = ns("sr").await?;
+    n.create(&set(
+        "web",
+        3,
+        json!({"updateStrategy": {"type": "Recreate"}}),
+    )?)
+    .await?;
+    let first = n.until_status("web", "3 ready", 60, all_ready(3)).await?;
+    let old = first["currentRevision"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // Every pod event from now on, in order: (pod, revision, deleted).
+    let seen: Arc<Mutex<Vec<(String, String, bool)>>> = Arc::default();
+    let watch = {
+        let (seen, api) = (Arc::clone(&seen), n.pods.clone());
+        tokio::spawn(async move {
+            let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                let (p, gone) = match ev {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
+                    Ok(watcher::Event::Delete(p)) => (p, true),
+                    _ => continue,
+                };
+                let rev = p
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("controller-revision-hash").cloned())
+                    .unwrap_or_default();
+                let name = p.metadata.name.clone().unwrap_or_default();
+                seen.lock().expect("seen").push((name, rev, gone));
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    n.patch_spec(
+        "web",
+        json!({"template": {"spec": {"containers": [{"name": "c", "image": "nginx:2"}]}}}),
+    )
+    .await?;
+    let done = n
+        .until_status("web", "recreated on the new revision", 90, |s| {
+            all_ready(3)(s) && s["currentRevision"] != old.as_str()
+        })
+        .await?;
+    watch.abort();
+    let events = seen.lock().expect("seen").clone();
+    let mut old_left: BTreeSet<String> = ["web-0", "web-1", "web-2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for (name, rev, gone) in &events {
+        if rev == &old && *gone {
+            old_left.remove(name);
+        } else if rev != &old && !rev.is_empty() {
+            ensure!(
+                old_left.is_empty(),
+                "{name} of the new revision appeared while {old_left:?} of the old one remained: {events:?}"
+            );
+        }
+    }
+    ensure!(old_left.is_empty(), "old pods never deleted: {old_left:?}");
+    let progressing = done["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Progressing"))
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        progressing["status"] == "False" && progressing["reason"] == "RecreateCompleted",
+        "Progressing: {progressing}"
     );
     Ok(())
 }
@@ -1599,6 +1685,7 @@ fn main() -> ! {
             s7_bad_template_stops_after_the_budget,
         ),
         trial("s8_on_delete", s8_on_delete),
+        trial("s_r_recreate", s_r_recreate),
         trial("s10_claim_retention", s10_claim_retention),
         trial("s12_adoption", s12_adoption),
         trial("s1_ordered_halt", s1_ordered_halt),
@@ -1635,7 +1722,10 @@ fn main() -> ! {
             ..Default::default()
         },
         Some(SuitePilothouse {
-            args: vec!["--controllers=statefulset-controller".to_string()],
+            args: vec![
+                "--controllers=statefulset-controller".to_string(),
+                "--feature-gates=StatefulSetRecreateStrategy=true".to_string(),
+            ],
             as_service_account: true,
         }),
         trials,

@@ -1,4 +1,5 @@
-//! The StatefulSet differential run (spec §6 *Diff* scenarios S1, S2, S3, S8, S9, S10, S12):
+//! The StatefulSet differential run (spec §6 *Diff* scenarios S1, S2, S3, S8, S9, S10, S12, and
+//! 1.37's Recreate strategy, ST-R):
 //! the same manifests and steps on two fresh control planes at once — one with upstream
 //! kube-controller-manager running all its controllers (`tests/cluster/up --reference`), one
 //! whose StatefulSet controller is Pilothouse's. At each checkpoint the pods (names, labels,
@@ -129,8 +130,20 @@ async fn snapshot(client: &Client, name: &str) -> Result<Snapshot> {
         .collect();
     c.sort();
     let s = serde_json::to_value(sets.get(name).await?.status)?;
+    // Conditions without their times (only Recreate sets have one, Progressing).
+    let conditions: Vec<String> = s["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!(
+                "{}={}/{}/{}",
+                c["type"], c["status"], c["reason"], c["message"]
+            )
+        })
+        .collect();
     let status = format!(
-        "replicas={} ready={} available={} current={} updated={} currentRevision={} updateRevision={} collisionCount={} observedGeneration={}",
+        "replicas={} ready={} available={} current={} updated={} currentRevision={} updateRevision={} collisionCount={} observedGeneration={} conditions={conditions:?}",
         s["replicas"],
         s["readyReplicas"],
         s["availableReplicas"],
@@ -216,23 +229,26 @@ async fn run(client: Client) -> Result<Vec<(String, Snapshot)>> {
     )
     .await?;
     k8s::wait_service_account(&client, NS).await?;
-    let (a, b, c, d, e) = tokio::join!(
+    let (a, b, c, d, e, f) = tokio::join!(
         rollouts(client.clone()),
         halt_and_burst(client.clone()),
         claims(client.clone()),
         adoption(client.clone()),
-        defaults(client.clone())
+        defaults(client.clone()),
+        recreate(client.clone())
     );
     let mut out = a.context("S1, S3, S8, S9")?;
     out.extend(b.context("S1 halt, S2")?);
     out.extend(c.context("S10")?);
     out.extend(d.context("S12")?);
     out.extend(e.context("ST-15")?);
+    out.extend(f.context("ST-R")?);
     // Events are written asynchronously (upstream's recorder queues them behind the
     // controller-manager's shared client budget): compare them once they have stopped
     // changing for 3 s.
     let names = [
         "ordered", "part", "ondelete", "history", "halt", "burst", "claims", "adopt", "defaults",
+        "recreate",
     ];
     let mut last = Vec::new();
     let mut stable_since = tokio::time::Instant::now();
@@ -255,6 +271,44 @@ async fn run(client: Client) -> Result<Vec<(String, Snapshot)>> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     out.extend(last);
+    Ok(out)
+}
+
+/// ST-R (both planes' API servers and controllers have StatefulSetRecreateStrategy on): an
+/// OrderedReady Recreate set of 3 rolled to a new image, then back: the pods, revisions and
+/// status with its Progressing condition once each rollout completes.
+async fn recreate(client: Client) -> Result<Vec<(String, Snapshot)>> {
+    let mut out = Vec::new();
+    create_set(
+        &client,
+        "recreate",
+        3,
+        json!({"updateStrategy": {"type": "Recreate"}}),
+    )
+    .await?;
+    until(&client, "recreate", "3 ready", complete(3)).await?;
+    out.push((
+        "recreate created".into(),
+        snapshot(&client, "recreate").await?,
+    ));
+    for (tag, step) in [("2", "recreated"), ("1", "recreated back")] {
+        let before = serde_json::to_value(
+            Api::<StatefulSet>::namespaced(client.clone(), NS)
+                .get("recreate")
+                .await?
+                .status,
+        )?["currentRevision"]
+            .clone();
+        patch(&client, "recreate", image(tag)).await?;
+        until(&client, "recreate", step, |s| {
+            complete(3)(s) && s["currentRevision"] != before
+        })
+        .await?;
+        out.push((
+            format!("recreate {step}"),
+            snapshot(&client, "recreate").await?,
+        ));
+    }
     Ok(out)
 }
 
@@ -751,7 +805,10 @@ async fn differential() -> Result<()> {
         "sdiff-pilothouse",
         &ours.pilothouse_service_account_kubeconfig()?,
         &ours.dir,
-        &["--controllers=statefulset-controller".to_string()],
+        &[
+            "--controllers=statefulset-controller".to_string(),
+            "--feature-gates=StatefulSetRecreateStrategy=true".to_string(),
+        ],
     )?;
     ph.wait_log("starting controller", Duration::from_secs(60))
         .await?;
