@@ -175,6 +175,9 @@ pub struct Observed<'a> {
     pub expected_rm_finalizers: HashSet<String>,
     pub backoff: BackoffRecord,
     pub now: Timestamp,
+    /// MutableSchedulingDirectivesForSuspendedJobs (beta in 1.37, on): JR-44 clears the
+    /// startTime of a Job it suspends.
+    pub clear_start_time_on_suspend: bool,
 }
 
 /// One pod to create.
@@ -848,7 +851,9 @@ pub fn conclude(
                         suspend_changed = true;
                         event = Some(("Suspended", "Job suspended"));
                         // JR-44 (MutableSchedulingDirectivesForSuspendedJobs, beta on).
-                        eval.status.start_time = None;
+                        if obs.clear_start_time_on_suspend {
+                            eval.status.start_time = None;
+                        }
                     }
                 } else if ensure_condition(
                     conds,

@@ -329,6 +329,7 @@ fn check_job(job: &Job, pods: Vec<Arc<Pod>>, now: i64, backoff: (i32, Option<i64
             last_failure: backoff.1.map(ts),
         },
         now: ts(now),
+        clear_start_time_on_suspend: true,
     };
     let mut e = evaluate(&obs);
     for n in [e.ready, e.terminating, e.succeeded, e.failed] {
@@ -691,6 +692,7 @@ fn pending_index_after_two_billion_completed_is_found_at_once() {
         expected_rm_finalizers: HashSet::new(),
         backoff: BackoffRecord::default(),
         now: ts(100),
+        clear_start_time_on_suspend: true,
     };
     let started = std::time::Instant::now();
     let e = evaluate(&obs);

@@ -65,6 +65,7 @@ fn obs<'a>(job: &'a Job, pods: Vec<P>) -> Observed<'a> {
         expected_rm_finalizers: HashSet::new(),
         backoff: BackoffRecord::default(),
         now: ts(NOW),
+        clear_start_time_on_suspend: true,
     }
 }
 
@@ -684,6 +685,13 @@ fn jr43_jr44_jr45_suspend_and_resume() {
     assert_eq!(removed(&e.action).len(), 2);
     assert_eq!(t.status.start_time, None);
     assert_eq!(t.status.failed, None, "suspension deletes are not failures");
+    // With MutableSchedulingDirectivesForSuspendedJobs off, suspending keeps startTime.
+    let mut o = obs(&j, vec![pod("a").running()]);
+    o.clear_start_time_on_suspend = false;
+    let mut e = evaluate(&o);
+    let (_, event) = conclude(&o, &mut e, Outcome::default());
+    assert_eq!(event, Some(("Suspended", "Job suspended")));
+    assert!(e.status.start_time.is_some(), "gate off: startTime kept");
     // Resume: Suspended=False, a new startTime.
     let j = with_status(job(), |s| {
         s.start_time = None;

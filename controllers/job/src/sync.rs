@@ -65,6 +65,8 @@ pub struct JobController {
     /// JR-21's pod create/delete expectations.
     pub(crate) written: Written,
     memory: Mutex<HashMap<String, Memory>>,
+    /// MutableSchedulingDirectivesForSuspendedJobs (JR-44).
+    clear_start_time_on_suspend: bool,
 }
 
 /// The subject of the Job's events, as upstream's recorder builds it (`ref.GetReference`).
@@ -100,9 +102,10 @@ impl JobController {
             events,
             clock,
             metrics,
-            ..
+            gates,
         } = ctx;
         JobController {
+            clear_start_time_on_suspend: gates.mutable_scheduling_directives_for_suspended_jobs,
             jobs,
             pods,
             queue,
@@ -228,6 +231,7 @@ impl JobController {
             expected_rm_finalizers,
             backoff,
             now: self.clock.now(),
+            clear_start_time_on_suspend: self.clear_start_time_on_suspend,
         };
         let mut eval = plan::evaluate(&obs);
         let mut next = Next::Done;

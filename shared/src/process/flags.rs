@@ -56,9 +56,7 @@ pub const GATE_SUPPORT: &[(&str, GateSupport)] = &[
     ),
     (
         "MutableSchedulingDirectivesForSuspendedJobs",
-        GateSupport::OnOnly(
-            "Pilothouse always clears the startTime of a Job it suspends, as JR-44 says",
-        ),
+        GateSupport::Honoured,
     ),
     ("NodeControllerLeaseCircuitBreaker", GateSupport::Honoured),
     (
@@ -201,6 +199,9 @@ impl FeatureGates {
                         gates.node_controller_lease_circuit_breaker = value
                     }
                     "StatefulSetRecreateStrategy" => gates.stateful_set_recreate_strategy = value,
+                    "MutableSchedulingDirectivesForSuspendedJobs" => {
+                        gates.mutable_scheduling_directives_for_suspended_jobs = value
+                    }
                     other => unreachable!("honoured gate {other} has no field"),
                 },
                 Some(GateSupport::OnOnly(why)) if !value => {

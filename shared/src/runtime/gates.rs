@@ -11,6 +11,8 @@ pub struct FeatureGates {
     pub node_controller_lease_circuit_breaker: bool,
     /// Alpha in 1.37 (default off): StatefulSet `updateStrategy.type: Recreate` (KEP-3541).
     pub stateful_set_recreate_strategy: bool,
+    /// Beta in 1.37 (default on): suspending a Job clears its `status.startTime`.
+    pub mutable_scheduling_directives_for_suspended_jobs: bool,
 }
 
 impl Default for FeatureGates {
@@ -19,6 +21,7 @@ impl Default for FeatureGates {
             taint_toleration_comparison_operators: false,
             node_controller_lease_circuit_breaker: true,
             stateful_set_recreate_strategy: false,
+            mutable_scheduling_directives_for_suspended_jobs: true,
         }
     }
 }
