@@ -14,6 +14,9 @@ mod flags_doc;
 #[command(
     name = "pilothouse",
     version,
+    // As kube-controller-manager's pflag: a repeated flag takes its last value (a chart's
+    // extraArgs overriding a default); list flags (--controllers) still add up.
+    args_override_self = true,
     about = "Replaces kube-controller-manager's job, cronjob, statefulset, endpointslice and node controllers"
 )]
 struct Cli {
@@ -141,6 +144,38 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// As kube-controller-manager's pflag: a repeated scalar flag takes its last value, a list
+    /// flag adds up, and every boolean takes `=true|false`.
+    #[test]
+    fn a_copied_command_line_parses_as_kube_controller_manager_reads_it() {
+        let cli = Cli::try_parse_from([
+            "pilothouse",
+            "--kube-api-qps=5",
+            "--kube-api-qps=6",
+            "--controllers=job-controller",
+            "--controllers=cronjob-controller",
+            "--endpointslice-delete-on-selector-removal=false",
+            "--nodemaintenance-node-lifecycle-conditions=true",
+            "--leader-elect=false",
+        ])
+        .expect("parses");
+        assert_eq!(cli.manager.kube_api_qps, 6.0);
+        assert_eq!(
+            cli.manager.controllers,
+            ["job-controller", "cronjob-controller"]
+        );
+        assert!(!cli.endpointslice.endpointslice_delete_on_selector_removal);
+        assert!(
+            cli.node_maintenance
+                .nodemaintenance_node_lifecycle_conditions
+        );
+        assert!(!cli.manager.leader_elect);
+        let bare =
+            Cli::try_parse_from(["pilothouse", "--endpointslice-delete-on-selector-removal"])
+                .expect("a bare boolean is true");
+        assert!(bare.endpointslice.endpointslice_delete_on_selector_removal);
     }
 
     #[test]

@@ -169,7 +169,7 @@ def build(args):
                 "Cmd": ["--logging-format=json"],
                 "Env": ["PATH=/usr/bin", "HOME=/home/nonroot"],
                 "WorkingDir": "/",
-                "ExposedPorts": {"10267/tcp": {}},
+                "ExposedPorts": {"10257/tcp": {}},
                 "Labels": {
                     "org.opencontainers.image.title": "pilothouse",
                     "org.opencontainers.image.version": version_of_workspace(),

@@ -70,7 +70,7 @@ pub struct EndpointSliceOptions {
     #[arg(long, default_value = "adaptive", value_parser = batching::batch_period_arg)]
     pub endpointslice_updates_batch_period: batching::BatchPeriod,
     /// Pilothouse (SB-10): delete the EndpointSlices of a Service whose selector was removed, instead of keeping them frozen as kube-controller-manager does.
-    #[arg(long, default_value_t = false)]
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub endpointslice_delete_on_selector_removal: bool,
 }
 

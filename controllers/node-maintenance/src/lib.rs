@@ -61,7 +61,7 @@ pub const QUEUE: &str = "nodemaintenance";
 #[derive(clap::Args, Clone, Debug)]
 pub struct Options {
     /// Pilothouse (NM-23): patch the node's KEP-5683 conditions (MaintenanceInProgress, DrainInProgress, Drained) while a NodeMaintenance acts on it.
-    #[arg(long, default_value_t = false)]
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub nodemaintenance_node_lifecycle_conditions: bool,
     /// The number of NodeMaintenance objects that are allowed to sync concurrently.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
