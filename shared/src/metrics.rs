@@ -225,6 +225,17 @@ impl Metrics {
                 "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running",
                 build,
             );
+            let own = Family::<PilothouseBuildLabels, Gauge>::default();
+            own.get_or_create(&PilothouseBuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+                git_commit: option_env!("PILOTHOUSE_GIT_COMMIT").unwrap_or("").into(),
+            })
+            .set(1);
+            reg.register(
+                "pilothouse_build_info",
+                "A metric with a constant '1' value labeled by Pilothouse's own version and git commit",
+                own,
+            );
         }
         Arc::new(m)
     }
@@ -418,9 +429,19 @@ impl Metrics {
     }
 }
 
-/// `kubernetes_build_info`, as every Kubernetes component exports it, with this binary's values:
-/// dashboards that list component versions show Pilothouse's (`compiler` is `rustc`, `go_version`
-/// empty). `git_commit` comes from `PILOTHOUSE_GIT_COMMIT` at build time when set (the image build).
+/// The Kubernetes minor whose kube-controller-manager Pilothouse stands in for (the
+/// k8s-openapi feature, and `KUBERNETES_VERSION` in `tests/cluster/versions.env`; a test keeps
+/// them equal).
+pub const KUBERNETES_MAJOR: &str = "1";
+pub const KUBERNETES_MINOR: &str = "37";
+
+/// `kubernetes_build_info`, as every Kubernetes component exports it. Its version is that of
+/// the kube-controller-manager Pilothouse stands in for, with Pilothouse's own as build
+/// metadata (`v1.37.0+pilothouse.0.1.0`, as k3s reports `v1.30.2+k3s1`). Dashboards then list a
+/// 1.37 component, and kubernetes-mixin's `KubeVersionMismatch`, which compares major.minor
+/// across components, stays quiet. Pilothouse's own version is `pilothouse_build_info`.
+/// `compiler` is `rustc`, `go_version` empty, and `git_commit` comes from
+/// `PILOTHOUSE_GIT_COMMIT` at build time when it is set (the image build).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildInfoLabels {
     major: String,
@@ -437,9 +458,12 @@ struct BuildInfoLabels {
 impl BuildInfoLabels {
     fn current() -> Self {
         BuildInfoLabels {
-            major: env!("CARGO_PKG_VERSION_MAJOR").into(),
-            minor: env!("CARGO_PKG_VERSION_MINOR").into(),
-            git_version: concat!("v", env!("CARGO_PKG_VERSION")).into(),
+            major: KUBERNETES_MAJOR.into(),
+            minor: KUBERNETES_MINOR.into(),
+            git_version: format!(
+                "v{KUBERNETES_MAJOR}.{KUBERNETES_MINOR}.0+pilothouse.{}",
+                env!("CARGO_PKG_VERSION")
+            ),
             git_commit: option_env!("PILOTHOUSE_GIT_COMMIT").unwrap_or("").into(),
             git_tree_state: String::new(),
             build_date: String::new(),
@@ -448,6 +472,12 @@ impl BuildInfoLabels {
             platform: format!("{}/{}", std::env::consts::OS, go_arch()),
         }
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PilothouseBuildLabels {
+    version: String,
+    git_commit: String,
 }
 
 /// Go's GOARCH spelling, which `platform` uses.
@@ -610,10 +640,29 @@ mod tests {
         );
         assert!(
             text.contains(&format!(
-                "kubernetes_build_info{{major=\"0\",minor=\"1\",git_version=\"v{}\"",
+                "kubernetes_build_info{{major=\"1\",minor=\"37\",git_version=\"v1.37.0+pilothouse.{}\"",
                 env!("CARGO_PKG_VERSION")
             )),
             "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "pilothouse_build_info{{version=\"{}\"",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
+        // The minor is the pinned control plane's.
+        let pinned = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/cluster/versions.env"
+        ))
+        .unwrap();
+        assert!(
+            pinned.lines().any(|l| l.starts_with(&format!(
+                "KUBERNETES_VERSION=v{KUBERNETES_MAJOR}.{KUBERNETES_MINOR}."
+            ))),
+            "tests/cluster/versions.env pins another minor"
         );
         assert!(text.contains("compiler=\"rustc\""), "{text}");
     }

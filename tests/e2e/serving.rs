@@ -362,7 +362,8 @@ async fn secure_port_and_controller_identities() -> Result<()> {
         "process_start_time_seconds ",
         "rest_client_request_duration_seconds_count{verb=\"GET\"",
         "rest_client_requests_total{",
-        "kubernetes_build_info{major=\"0\"",
+        "kubernetes_build_info{major=\"1\",minor=\"37\"",
+        "pilothouse_build_info{",
         "running_managed_controllers{name=\"job-controller\",manager=\"pilothouse\"} 1",
         "leader_election_master_status{",
     ] {
