@@ -334,6 +334,11 @@ pub struct ManagerOptions {
     #[arg(long, default_value = "2s", value_parser = duration_arg)]
     pub shutdown_drain_timeout: Duration,
 
+    /// Start even when the API server's version is outside the supported range (1.37 and 1.38:
+    /// kube-controller-manager 1.37's skew policy). Pilothouse's own flag.
+    #[arg(long, default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub allow_unsupported_api_server_version: bool,
+
     /// A set of key=value pairs for alpha/beta features, as kube-controller-manager's.
     #[arg(long, value_delimiter = ',', default_value = "", long_help = feature_gates_help())]
     pub feature_gates: Vec<String>,

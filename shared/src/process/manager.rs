@@ -30,6 +30,8 @@ pub enum ManagerError {
     Flags(#[from] FlagError),
     #[error("loading kubeconfig: {0}")]
     Kubeconfig(String),
+    #[error("{0}")]
+    UnsupportedApiServer(String),
     #[error("building a client: {0}")]
     Client(#[from] kube::Error),
     #[error(transparent)]
@@ -120,6 +122,7 @@ pub async fn run(
         ClientSpec::new("shared-informers", opts.kube_api_qps, opts.kube_api_burst),
         &metrics,
     )?;
+    check_api_server_version(&informer_client, opts.allow_unsupported_api_server_version).await?;
     let informers = crate::cache::registry(informer_client, process_stop.clone());
     // Sees managedFields before the caches drop them: kcm still writing what we own.
     let conflicts = Arc::new(crate::runtime::conflicts::Conflicts::default());
@@ -267,6 +270,54 @@ async fn lead_and_run(
 
 /// An enabled controller, built, with its name.
 type Built = (&'static str, Box<dyn Controller>);
+
+/// The API server minors Pilothouse supports: those kube-controller-manager 1.37 may run
+/// against (the same minor, or an API server one minor newer).
+const SUPPORTED_MINORS: std::ops::RangeInclusive<u32> = 37..=38;
+
+/// Whether an API server reporting `major`.`minor` (as `/version` has them; a managed
+/// service may add a `+`) is supported, and if not, why.
+fn api_server_supported(major: &str, minor: &str) -> Result<(), String> {
+    let number = |s: &str| {
+        s.trim_end_matches(|c: char| !c.is_ascii_digit())
+            .parse::<u32>()
+            .ok()
+    };
+    match (number(major), number(minor)) {
+        (Some(1), Some(m)) if SUPPORTED_MINORS.contains(&m) => Ok(()),
+        _ => Err(format!(
+            "the API server is version {major}.{minor}; Pilothouse {} stands in for kube-controller-manager 1.{}, which runs against API servers 1.{} to 1.{} (its version skew policy). Use a supported API server, or start anyway with --allow-unsupported-api-server-version",
+            env!("CARGO_PKG_VERSION"),
+            SUPPORTED_MINORS.start(),
+            SUPPORTED_MINORS.start(),
+            SUPPORTED_MINORS.end()
+        )),
+    }
+}
+
+/// Reads `/version` once at start. An unsupported version is refused unless allowed. A version
+/// that cannot be read is logged and not checked (the API server may still be starting; the
+/// caches wait for it anyway).
+async fn check_api_server_version(client: &kube::Client, allow: bool) -> Result<(), ManagerError> {
+    let info = match client.apiserver_version().await {
+        Ok(info) => info,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the API server's version; not checked");
+            return Ok(());
+        }
+    };
+    match api_server_supported(&info.major, &info.minor) {
+        Ok(()) => {
+            tracing::info!(version = %info.git_version, "API server version supported");
+            Ok(())
+        }
+        Err(why) if allow => {
+            tracing::warn!(version = %info.git_version, "{why}; starting because --allow-unsupported-api-server-version is set");
+            Ok(())
+        }
+        Err(why) => Err(ManagerError::UnsupportedApiServer(why)),
+    }
+}
 
 /// The Lease elector `--leader-elect` asks for, on a client of its own.
 fn build_elector(
@@ -429,4 +480,25 @@ fn spawn_signal_watch(shutdown: CancellationToken) -> Result<(), ManagerError> {
         shutdown.cancel();
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::api_server_supported;
+
+    /// 1.37 and 1.38 are supported (a managed service's `37+` too); older, newer and other
+    /// majors are refused, naming the flag that overrides.
+    #[test]
+    fn the_api_server_version_is_checked_against_kcms_skew_policy() {
+        assert!(api_server_supported("1", "37").is_ok());
+        assert!(api_server_supported("1", "38").is_ok());
+        assert!(api_server_supported("1", "37+").is_ok());
+        for (major, minor) in [("1", "36"), ("1", "39"), ("2", "37"), ("", ""), ("1", "x")] {
+            let why = api_server_supported(major, minor).expect_err("refused");
+            assert!(
+                why.contains("--allow-unsupported-api-server-version"),
+                "{why}"
+            );
+        }
+    }
 }
