@@ -343,11 +343,13 @@ pub struct ManagerOptions {
     #[arg(long, value_delimiter = ',', default_value = "", long_help = feature_gates_help())]
     pub feature_gates: Vec<String>,
 
-    /// Log format.
+    /// Log format: `json` writes kube-controller-manager's JSON lines (ts, caller, msg, v, then
+    /// key/value pairs).
     #[arg(long, value_enum, default_value = "text")]
     pub logging_format: LoggingFormat,
 
-    /// Log verbosity, as klog's -v (0 = info, 2 = debug for our code, 4+ = trace).
+    /// Log verbosity, as klog's -v: 0-2 info (2 is the usual production level), 3-4 debug (a line
+    /// per sync, with the object key), 5+ trace.
     #[arg(short = 'v', long = "v", default_value_t = 0)]
     pub verbosity: u8,
 }
