@@ -30,8 +30,9 @@ pub fn render(command: &clap::Command) -> String {
             .iter()
             .map(|d| d.to_string_lossy().into_owned())
             .collect();
+        // A `|` splits a Markdown table cell, even in a code span.
         let name = if is_bool(arg) {
-            format!("--{long}[=true|false]")
+            format!("--{long}[=true\\|false]")
         } else if takes_value {
             format!("--{long} <{}>", kind(&defaults))
         } else {

@@ -28,6 +28,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// NL-LB's answer for a node whose grace ran out.
+enum LeaseCheck {
+    /// The cache shows the live Lease (or the gate is off): mark the node.
+    Current,
+    /// The live Lease is newer than the cache: fenced from now on (counted as a stale skip).
+    Behind(Behind),
+    /// A fence set earlier still holds.
+    Fenced,
+    /// A renewal reached the cache after the node was judged.
+    Renewed,
+}
+
 /// What this controller remembers of one node (in memory only, NL-2).
 pub(crate) struct NodeMemory {
     /// The node's UID as last seen (its own writes are remembered by UID).
@@ -343,8 +355,14 @@ impl NodeLifecycleController {
             m.expired = if stale { m.expired.or(Some(due)) } else { None };
         }
         if stale {
-            if let Some(behind) = self.lease_cache_behind(name).await? {
-                return Ok(Next::Stale(behind));
+            match self.lease_check(name).await? {
+                LeaseCheck::Current => {}
+                LeaseCheck::Behind(behind) => return Ok(Next::Stale(behind)),
+                // Already fenced: as upstream's short circuit, looked at again next period
+                // (the Lease event that renews the node queues it sooner).
+                LeaseCheck::Fenced => return Ok(Next::After(self.opts.node_monitor_period)),
+                // A renewal reached the cache after this sync judged the node: judge again.
+                LeaseCheck::Renewed => return Ok(Next::After(Duration::ZERO)),
             }
             self.mark_unknown(&mut node, name, due).await?;
         }
@@ -376,41 +394,44 @@ impl NodeLifecycleController {
     /// NL-LB (kcm 1.37's NodeControllerLeaseCircuitBreaker): a node whose grace ran out on the
     /// cached Lease may be renewing while the Lease cache lags (a slow or restarting watch), and
     /// marking it would taint and evict a healthy node. So its live Lease is read first; one newer
-    /// than the cache fences every node until the cache has delivered that version (the runtime
+    /// than the cache fences the marking of every node until the cache has delivered that version (the runtime
     /// counts the skip and runs the key again). Upstream compares with the last Lease whose
     /// renewal it saw, so a Lease updated without a renewal fences its node for ever; this
     /// compares with the cached Lease, which says the same about the cache without that trap.
-    async fn lease_cache_behind(&self, name: &str) -> Result<Option<Behind>, Error> {
+    /// Only the marking of nodes whose grace ran out waits; other nodes' syncs go on.
+    async fn lease_check(&self, name: &str) -> Result<LeaseCheck, Error> {
         if !self.circuit_breaker {
-            return Ok(None);
+            return Ok(LeaseCheck::Current);
         }
-        let behind = |wrote, seen| Behind {
-            group: "coordination.k8s.io",
-            resource: "leases",
-            wrote,
-            seen,
-        };
         let seen = self.leases.newest_resource_version();
-        let fence = self.lease_fence.load(Ordering::Acquire);
-        if fence > seen {
-            return Ok(Some(behind(fence, seen)));
+        if self.lease_fence.load(Ordering::Acquire) > seen {
+            return Ok(LeaseCheck::Fenced);
         }
-        let cached = self
-            .leases
-            .get(&format!("{NODE_LEASE_NAMESPACE}/{name}"))
-            .and_then(|l| l.metadata.resource_version.clone());
+        let cached = self.leases.get(&format!("{NODE_LEASE_NAMESPACE}/{name}"));
+        // The node was judged on the renewal its memory holds; a later one in the cache now
+        // means the judgement is already out of date.
+        let judged = self.memory().get(name).and_then(|m| m.renew);
+        if cached.as_deref().and_then(renew_time) > judged {
+            return Ok(LeaseCheck::Renewed);
+        }
+        let cached = cached.and_then(|l| l.metadata.resource_version.clone());
         let live = match self.act.live_lease(name).await? {
             Some(lease) => lease.metadata.resource_version,
             // No Lease at all: the cache is not hiding a renewal.
-            None => return Ok(None),
+            None => return Ok(LeaseCheck::Current),
         };
         let wrote = live.as_deref().and_then(parse_rv).unwrap_or(0);
         if live != cached && wrote > seen {
             self.lease_fence.fetch_max(wrote, Ordering::AcqRel);
             tracing::info!(node = name, cached = ?cached, live = ?live, "the Lease cache is behind the node's live Lease: no node is marked unreachable until it catches up");
-            return Ok(Some(behind(wrote, seen)));
+            return Ok(LeaseCheck::Behind(Behind {
+                group: "coordination.k8s.io",
+                resource: "leases",
+                wrote,
+                seen,
+            }));
         }
-        Ok(None)
+        Ok(LeaseCheck::Current)
     }
 
     /// NL-4: the node's grace ran out at `due`: its conditions go Unknown, and NL-6 follows

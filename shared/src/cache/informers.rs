@@ -25,8 +25,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch as tokio_watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub trait Watched:
@@ -241,6 +242,15 @@ impl<K: Watched> Informer<K> {
     fn watch_failed(&self, error: String) {
         let now = Instant::now();
         let mut h = crate::lock(&self.watch_health);
+        // A watch that reconnected quietly delivers nothing to end its run of errors: an error
+        // after a stale one starts a new run.
+        if h.last
+            .as_ref()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > WATCH_ERROR_FRESH)
+        {
+            h.since = None;
+            h.errors = 0;
+        }
         h.since.get_or_insert(now);
         h.errors = h.errors.saturating_add(1);
         h.last = Some((now, error));
@@ -1147,6 +1157,28 @@ mod tests {
         assert!(h.trouble("leases", at(70)).expect("failing").unready);
         h.restarting = true;
         assert!(h.trouble("leases", at(500)).expect("restarting").unready);
+    }
+
+    /// An error long after the last one starts a new run: a watch that reconnected quietly
+    /// must not look as if it had failed all along.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_error_after_a_quiet_spell_starts_a_new_run() {
+        use k8s_openapi::api::batch::v1::Job;
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let informers =
+            crate::cache::registry(Client::try_from(config).unwrap(), CancellationToken::new());
+        let jobs = informers.get::<Job>();
+        jobs.watch_failed("connection refused".into());
+        tokio::time::advance(Duration::from_secs(3_600)).await;
+        assert_eq!(
+            jobs.watch_trouble(),
+            None,
+            "an hour-old error is not a failing watch"
+        );
+        jobs.watch_failed("connection refused".into());
+        let t = jobs.watch_trouble().expect("failing again");
+        assert!(!t.unready, "{t:?}");
+        assert!(t.message.contains("1 error(s) in a row over 0 s"), "{t:?}");
     }
 
     /// What the observers are told changed: against the cached copy, by part, and nothing for

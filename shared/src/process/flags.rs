@@ -132,7 +132,7 @@ pub fn gate_rows() -> Vec<GateRow> {
 
 /// `--feature-gates`' long help: the gates the replaced controllers read.
 pub fn feature_gates_help() -> String {
-    let mut help = "A set of key=value pairs for alpha/beta features, as kube-controller-manager's: every gate of kube-controller-manager 1.37 is accepted (GA ones at their locked value only), and unknown names are refused. Gates the replaced controllers read:".to_string();
+    let mut help = "A set of key=value pairs for alpha/beta features, as kube-controller-manager's: every gate of kube-controller-manager 1.37 is accepted (a locked one at its default only), AllAlpha and AllBeta included, and unknown names are refused. Gates the replaced controllers read:".to_string();
     for r in gate_rows() {
         let what = match r.support {
             GateSupport::Honoured => "honoured".to_string(),
@@ -155,7 +155,7 @@ pub fn feature_gates_help() -> String {
         ));
     }
     help.pop();
-    help.push_str(". See docs/flags.md for the reasons.");
+    help.push_str(". The reasons are in the Feature gates table of docs/flags.md.");
     help
 }
 
@@ -166,14 +166,16 @@ impl FeatureGates {
     /// behaviour Pilothouse does not have ([`GATE_SUPPORT`]); any other gate is accepted and
     /// changes nothing here.
     pub fn parse(items: &[String]) -> Result<FeatureGates, FlagError> {
-        let mut gates = FeatureGates::default();
+        // Set explicitly, in order (a later value of a gate wins, as in kcm's map).
+        let mut explicit: Vec<(&'static str, bool)> = Vec::new();
         for item in items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
             let (name, value) = item
                 .split_once('=')
                 .ok_or_else(|| FlagError::FeatureGate(format!("missing bool value for {item}")))?;
-            let value: bool = value.trim().parse().map_err(|_| {
+            let value = go_parse_bool(value.trim()).ok_or_else(|| {
                 FlagError::FeatureGate(format!(
-                    "invalid value of {name}={value}, err: not a boolean"
+                    "invalid value of {name}={value}, err: strconv.ParseBool: parsing {:?}: invalid syntax",
+                    value.trim()
                 ))
             })?;
             // kcm 1.37 also takes `component:Name`; `kube` is the only component it has.
@@ -190,6 +192,31 @@ impl FeatureGates {
                     gate.default
                 )));
             }
+            explicit.retain(|(n, _)| *n != gate.name);
+            explicit.push((gate.name, value));
+        }
+        // AllAlpha and AllBeta set every alpha or beta gate not set by name (component-base's
+        // special gates): expanded over the gates Pilothouse reads.
+        let all = |special: &str| explicit.iter().find(|(n, _)| *n == special).map(|e| e.1);
+        let (all_alpha, all_beta) = (all("AllAlpha"), all("AllBeta"));
+        let mut settings: Vec<(&'static str, bool, &'static str)> =
+            explicit.iter().map(|(n, v)| (*n, *v, "")).collect();
+        for (name, _) in GATE_SUPPORT {
+            let Some(gate) = kcm::gate(name) else {
+                continue;
+            };
+            if gate.locked || explicit.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            match (gate.stage, all_alpha, all_beta) {
+                ("ALPHA", Some(v), _) => settings.push((gate.name, v, " (from AllAlpha)")),
+                ("BETA", _, Some(v)) => settings.push((gate.name, v, " (from AllBeta)")),
+                _ => {}
+            }
+        }
+        let mut gates = FeatureGates::default();
+        for (name, value, from) in settings {
+            let default = kcm::gate(name).is_some_and(|g| g.default);
             match GateSupport::of(name) {
                 Some(GateSupport::Honoured) => match name {
                     "TaintTolerationComparisonOperators" => {
@@ -206,15 +233,15 @@ impl FeatureGates {
                 },
                 Some(GateSupport::OnOnly(why)) if !value => {
                     return Err(FlagError::FeatureGate(format!(
-                        "{name}=false is not supported: {why}; run this controller in kube-controller-manager to turn it off"
+                        "{name}=false{from} is not supported: {why}; run this controller in kube-controller-manager to turn it off"
                     )));
                 }
-                Some(GateSupport::OffOnly(why)) if value && gate.default => {
+                Some(GateSupport::OffOnly(why)) if value && default => {
                     tracing::warn!(gate = name, "feature gate accepted but not honoured: {why}");
                 }
                 Some(GateSupport::OffOnly(why)) if value => {
                     return Err(FlagError::FeatureGate(format!(
-                        "{name}=true is not supported: {why}; run this controller in kube-controller-manager to use it"
+                        "{name}=true{from} is not supported: {why}; run this controller in kube-controller-manager to use it"
                     )));
                 }
                 Some(_) => {}
@@ -226,6 +253,15 @@ impl FeatureGates {
             }
         }
         Ok(gates)
+    }
+}
+
+/// Go's `strconv.ParseBool`, which kcm's `--feature-gates` uses.
+fn go_parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
     }
 }
 
@@ -719,8 +755,7 @@ mod tests {
         assert_eq!(
             FeatureGates::parse(&[
                 "APIResponseCompression=false".into(),
-                "kube:AllAlpha=true".into(),
-                "kube:TaintTolerationComparisonOperators=true".into()
+                "kube:TaintTolerationComparisonOperators=True".into()
             ])
             .unwrap(),
             FeatureGates {
@@ -728,8 +763,35 @@ mod tests {
                 ..FeatureGates::default()
             }
         );
+        // AllAlpha and AllBeta reach the gates Pilothouse reads that are not set by name: an
+        // alpha one Pilothouse lacks is refused, saying where it came from.
+        let m = match FeatureGates::parse(&["AllAlpha=true".into()]) {
+            Err(FlagError::FeatureGate(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            m.starts_with("WorkloadWithJob=true (from AllAlpha) is not supported"),
+            "{m}"
+        );
+        let g =
+            FeatureGates::parse(&["AllAlpha=true".into(), "WorkloadWithJob=false".into()]).unwrap();
+        assert!(g.taint_toleration_comparison_operators && g.stateful_set_recreate_strategy);
+        assert!(
+            FeatureGates::parse(&["AllBeta=false".into()]).is_err(),
+            "MaxUnavailableStatefulSet off"
+        );
+        // Gates of the API server and client-go libraries that kcm registers are known too.
+        assert!(
+            FeatureGates::parse(&["InformerResourceVersion=true".into(), "KMSv1=false".into()])
+                .is_ok()
+        );
         assert!(FeatureGates::parse(&["kube:Bogus=true".into()]).is_err());
         assert!(FeatureGates::parse(&["TaintTolerationComparisonOperators=yes".into()]).is_err());
+        assert!(
+            FeatureGates::parse(&["TaintTolerationComparisonOperators=1".into()])
+                .unwrap()
+                .taint_toleration_comparison_operators
+        );
         assert!(FeatureGates::parse(&["TaintTolerationComparisonOperators".into()]).is_err());
         let (o, _) = parse(&["--feature-gates=TaintTolerationComparisonOperators=true"]);
         assert!(o.validate().unwrap().taint_toleration_comparison_operators);

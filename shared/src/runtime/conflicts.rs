@@ -28,6 +28,9 @@ const PRUNE_SECONDS: i64 = 60;
 /// managedFields times have one-second resolution: a kcm write in the second we took over is
 /// kcm finishing, not kcm running.
 const GRACE_SECONDS: i64 = 2;
+/// How far ahead of this replica's clock a managedFields time may be (clock skew between API
+/// servers and us); a later one is not a write that happened.
+const FUTURE_SKEW_SECONDS: i64 = 60;
 
 /// What one of our controllers owns, as kcm's counterpart writes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,10 +222,13 @@ impl Conflicts {
                 let Some(at) = e.time.as_ref().map(|t| t.0.as_second()) else {
                     continue;
                 };
+                // A time in the future is no write yet made: a forged entry dated ahead would
+                // otherwise wait for our own next write to the part and count then.
                 if e.manager.as_deref() != Some(KCM_MANAGER)
                     || e.subresource.as_deref().unwrap_or("") != o.subresource
                     || at < armed.saturating_add(GRACE_SECONDS)
                     || at < now.saturating_sub(REPORT_SECONDS)
+                    || at > now.saturating_add(FUTURE_SKEW_SECONDS)
                 {
                     continue;
                 }
@@ -521,6 +527,13 @@ mod tests {
         // Our controller writes the status next: the status changed, the entry did not.
         changed(&c, "jobs", &forged, NOW);
         assert_eq!(c.recent(NOW), None, "a forged entry counted later");
+        // Dated ahead of the clock: not counted, even with a change.
+        let ahead = meta(
+            vec![entry(KCM_MANAGER, "status", NOW + 3_600, status.clone())],
+            &[],
+        );
+        changed(&c, "jobs", &ahead, NOW);
+        assert_eq!(c.recent(NOW), None, "a future-dated entry counted");
         // kcm's real write: a newer entry that comes with its change.
         let real = meta(vec![entry(KCM_MANAGER, "status", 1_600, status)], &[]);
         changed(&c, "jobs", &real, NOW);

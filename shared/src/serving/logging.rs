@@ -47,45 +47,68 @@ where
         let meta = event.metadata();
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let mut line = serde_json::Map::new();
+        // In klog's order: ts, caller, msg, v (or err), then the fields.
+        let mut line: Vec<(String, serde_json::Value)> = Vec::new();
+        // component-base's zap encoder writes epoch milliseconds (fractional).
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
+            .map(|d| d.as_secs_f64() * 1000.0)
             .unwrap_or_default();
-        line.insert("ts".into(), ts.into());
+        line.push(("ts".into(), ts.into()));
+        // klog's `dir/file.go:line`: the file and the directory holding it.
         let caller = match (meta.file(), meta.line()) {
-            (Some(f), Some(l)) => format!("{f}:{l}"),
+            (Some(f), Some(l)) => {
+                let mut parts: Vec<&str> = f.rsplit('/').take(2).collect();
+                parts.reverse();
+                format!("{}:{l}", parts.join("/"))
+            }
             _ => meta.target().to_string(),
         };
-        line.insert("caller".into(), caller.into());
-        line.insert(
+        line.push(("caller".into(), caller.into()));
+        line.push((
             "msg".into(),
             fields.message.take().unwrap_or_default().into(),
-        );
+        ));
         let level = *meta.level();
         if level == tracing::Level::ERROR {
             if let Some(e) = fields.values.remove("error") {
-                line.insert("err".into(), e);
+                line.push(("err".into(), e));
             }
         } else {
-            line.insert("v".into(), klog_v(level).into());
+            line.push(("v".into(), klog_v(level).into()));
+        }
+        let mut rest = serde_json::Map::new();
+        // The event's own fields first: a span field of the same name does not hide them.
+        for (k, v) in std::mem::take(&mut fields.values) {
+            rest.insert(k, v);
         }
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
                 let ext = span.extensions();
                 if let Some(f) = ext.get::<tracing_subscriber::fmt::FormattedFields<N>>() {
-                    // The default field formatter writes `key=value` pairs; the JSON one is not
-                    // used here, so the span's fields are re-read from the recorded text.
+                    // The default field formatter writes `key=value` pairs; the span's fields
+                    // are read back from that text.
                     for (k, v) in parse_pairs(f.as_str()) {
-                        line.entry(k).or_insert(v);
+                        rest.entry(k).or_insert(v);
                     }
                 }
             }
         }
-        for (k, v) in fields.values {
-            line.entry(k).or_insert(v);
+        line.extend(
+            rest.into_iter()
+                .filter(|(k, _)| !["ts", "caller", "msg", "v", "err"].contains(&k.as_str())),
+        );
+        let mut out = String::from("{");
+        for (i, (k, v)) in line.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&serde_json::Value::String(k.clone()).to_string());
+            out.push(':');
+            out.push_str(&v.to_string());
         }
-        writeln!(writer, "{}", serde_json::Value::Object(line))
+        out.push('}');
+        writeln!(writer, "{out}")
     }
 }
 
