@@ -292,40 +292,8 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
     if set.deleting {
         return out;
     }
-    // ST-R (upstream `recreateDeleteAndWait`): while any created pod, in range or condemned, is
-    // of an old revision, the only actions are deleting those not yet terminating, all at once
-    // whatever the management policy; nothing is created until every one of them is gone.
-    if set.strategy == Strategy::Recreate {
-        let old: Vec<&PodView> = slots
-            .iter()
-            .filter_map(|s| match s {
-                Slot::Pod(p) => Some(*p),
-                Slot::Missing { .. } => None,
-            })
-            .chain(condemned.iter().copied())
-            .filter(|p| p.created() && p.revision != set.update_revision)
-            .collect();
-        if !old.is_empty() {
-            let deletes: Vec<Action> = old
-                .iter()
-                .filter(|p| !p.terminating)
-                .map(|p| Action::DeletePod {
-                    name: p.name.clone(),
-                    why: Why::Update,
-                })
-                .collect();
-            if !deletes.is_empty() {
-                out.phases.push(Phase {
-                    actions: deletes,
-                    concurrent: true,
-                });
-            }
-            out.progressing = Some(RECREATE_DELETING);
-            return out;
-        }
-        if set.current_revision != set.update_revision {
-            out.progressing = Some(RECREATE_CREATING);
-        }
+    if set.strategy == Strategy::Recreate && recreate_step(set, &slots, &condemned, &mut out) {
+        return out;
     }
     let monotonic = set.management == Management::OrderedReady;
     let (replica_phase, blocked) = replica_phase(set, &slots, monotonic, now);
@@ -364,6 +332,49 @@ pub fn plan(set: &SetView, pods: &[PodView], now: Timestamp) -> Plan {
         }
     }
     out
+}
+
+/// ST-R (upstream `recreateDeleteAndWait`): while any created pod, in range or condemned, is of
+/// an old revision, the only actions are deleting those not yet terminating, all at once
+/// whatever the management policy, and nothing is created until every one of them is gone.
+/// Returns whether the sync stops here.
+fn recreate_step(
+    set: &SetView,
+    slots: &[Slot<'_>],
+    condemned: &[&PodView],
+    out: &mut Plan,
+) -> bool {
+    let old: Vec<&PodView> = slots
+        .iter()
+        .filter_map(|s| match s {
+            Slot::Pod(p) => Some(*p),
+            Slot::Missing { .. } => None,
+        })
+        .chain(condemned.iter().copied())
+        .filter(|p| p.created() && p.revision != set.update_revision)
+        .collect();
+    if old.is_empty() {
+        if set.current_revision != set.update_revision {
+            out.progressing = Some(RECREATE_CREATING);
+        }
+        return false;
+    }
+    let deletes: Vec<Action> = old
+        .iter()
+        .filter(|p| !p.terminating)
+        .map(|p| Action::DeletePod {
+            name: p.name.clone(),
+            why: Why::Update,
+        })
+        .collect();
+    if !deletes.is_empty() {
+        out.phases.push(Phase {
+            actions: deletes,
+            concurrent: true,
+        });
+    }
+    out.progressing = Some(RECREATE_DELETING);
+    true
 }
 
 /// ST-6: the pods of the ordinal range `start..=end` by ordinal, and the condemned ones (valid
