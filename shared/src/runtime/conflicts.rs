@@ -87,6 +87,15 @@ pub fn owned_by(controller: &'static str) -> Vec<Owned> {
     }
 }
 
+/// `resource` or `resource/subresource`, as the counter and the messages name it.
+fn subject_of(o: &Owned) -> String {
+    if o.subresource.is_empty() {
+        o.resource.to_string()
+    } else {
+        format!("{}/{}", o.resource, o.subresource)
+    }
+}
+
 /// The apiVersion and kind of a guarded resource.
 fn kind_of(resource: &str) -> Option<(&'static str, &'static str)> {
     Some(match resource {
@@ -163,6 +172,15 @@ pub struct Conflicts {
 impl Conflicts {
     /// Guards what `controller` owns (when it is enabled), reporting through `events`.
     pub fn guard(&self, controller: &'static str, events: Option<EventRecorder>) {
+        // Each guarded series exists at 0 from the start, so a scrape shows it before any
+        // conflict and an alert's increase() sees the first one.
+        for o in owned_by(controller) {
+            self.counter.get_or_create(&ConflictLabels {
+                controller: controller.to_string(),
+                manager: KCM_MANAGER.to_string(),
+                resource: subject_of(&o),
+            });
+        }
         crate::lock(&self.owned).extend(owned_by(controller));
         if let Some(events) = events {
             crate::lock(&self.recorders).insert(controller, events);
@@ -298,11 +316,7 @@ impl Conflicts {
             }
             report
         };
-        let subject = if o.subresource.is_empty() {
-            o.resource.to_string()
-        } else {
-            format!("{}/{}", o.resource, o.subresource)
-        };
+        let subject = subject_of(&o);
         if report {
             tracing::error!(
                 controller = o.controller,
@@ -408,6 +422,30 @@ mod tests {
             ),
             ..Default::default()
         }
+    }
+
+    /// A guarded controller's series is there at 0 before any conflict.
+    #[test]
+    fn guarded_series_exist_at_zero() {
+        let c = Conflicts::default();
+        c.guard("job-controller", None);
+        let n = c
+            .counter
+            .get_or_create(&ConflictLabels {
+                controller: "job-controller".into(),
+                manager: KCM_MANAGER.into(),
+                resource: "jobs/status".into(),
+            })
+            .get();
+        assert_eq!(n, 0);
+        let mut text = String::new();
+        let mut reg = prometheus_client::registry::Registry::default();
+        reg.register("pilothouse_conflicting_writes", "h", c.counter.clone());
+        prometheus_client::encoding::text::encode(&mut text, &reg).unwrap();
+        assert!(
+            text.contains("pilothouse_conflicting_writes_total{controller=\"job-controller\",manager=\"kube-controller-manager\",resource=\"jobs/status\"} 0"),
+            "{text}"
+        );
     }
 
     #[test]
