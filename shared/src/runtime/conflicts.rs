@@ -175,7 +175,7 @@ impl Conflicts {
         // Each guarded series exists at 0 from the start, so a scrape shows it before any
         // conflict and an alert's increase() sees the first one.
         for o in owned_by(controller) {
-            self.counter.get_or_create(&ConflictLabels {
+            let _zero = self.counter.get_or_create(&ConflictLabels {
                 controller: controller.to_string(),
                 manager: KCM_MANAGER.to_string(),
                 resource: subject_of(&o),
