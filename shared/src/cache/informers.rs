@@ -1164,9 +1164,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_new_error_after_a_quiet_spell_starts_a_new_run() {
         use k8s_openapi::api::batch::v1::Job;
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let informers =
-            crate::cache::registry(Client::try_from(config).unwrap(), CancellationToken::new());
+        let informers = crate::cache::offline_registry();
         let jobs = informers.get::<Job>();
         jobs.watch_failed("connection refused".into());
         tokio::time::advance(Duration::from_secs(3_600)).await;
@@ -1192,13 +1190,11 @@ mod tests {
                 crate::lock(&self.0).push((changed(Part::Status), changed(Part::Content)));
             }
         }
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         let _guard = rt.enter();
-        let informers =
-            crate::cache::registry(Client::try_from(config).unwrap(), CancellationToken::new());
+        let informers = crate::cache::offline_registry();
         let told = Arc::new(Told(Mutex::new(Vec::new())));
         informers.observe(Arc::clone(&told) as Arc<dyn MetaObserver>);
         let jobs = informers.get::<Job>();
@@ -1235,13 +1231,11 @@ mod tests {
 
     #[test]
     fn the_pod_cache_keeps_the_union_of_declared_fields() {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         let _guard = rt.enter();
-        let informers =
-            crate::cache::registry(Client::try_from(config).unwrap(), CancellationToken::new());
+        let informers = crate::cache::offline_registry();
         informers.read_pod_fields(PodFields::TOLERATIONS);
         informers.read_pod_fields(PodFields::CONTAINER_STATUSES);
         let pods = informers.get::<Pod>();

@@ -19,3 +19,14 @@ pub fn registry(client: Client, stop: CancellationToken) -> Arc<informers::Infor
     projection::install(&informers);
     informers
 }
+
+/// A registry whose client points nowhere, for tests that drive informers by hand (it needs a
+/// tokio runtime entered).
+#[cfg(test)]
+pub(crate) fn offline_registry() -> Arc<informers::Informers> {
+    let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"));
+    registry(
+        Client::try_from(config).expect("a client"),
+        CancellationToken::new(),
+    )
+}

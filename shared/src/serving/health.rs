@@ -224,11 +224,7 @@ mod tests {
     /// Anyone reads the status and the checks' names; the reasons only at `/readyz/<check>`.
     #[tokio::test]
     async fn the_reasons_are_withheld_from_readyz_and_told_per_check() {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
-        let informers = crate::cache::registry(
-            kube::Client::try_from(config).unwrap(),
-            CancellationToken::new(),
-        );
+        let informers = crate::cache::offline_registry();
         let jobs = informers.get::<Job>();
         let h = Health {
             metrics: Metrics::new(),
